@@ -1,0 +1,74 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both install what they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast test-slow lint format ui install java system-deps bench clean
+
+.tools/bin/uv:
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet uv
+
+.venv/.installed: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --extra platform
+	touch $@
+
+install: .venv/.installed
+
+# Spark needs Java 17+. Install it with apt-get when it is missing and we can; else say how.
+java:
+	@if ! command -v java >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "Installing Java 17 for Spark (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	  else \
+	    echo "error: Spark needs Java 17: install openjdk-17-jre-headless (or set JAVA_HOME) and re-run" >&2; exit 1; \
+	  fi; \
+	fi
+
+# Test-only system services: mosquitto (MQTT collector) and Chromium (browser test of the Dagster UI).
+system-deps:
+	@missing=""; \
+	command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "Installing$$missing (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "warning:$$missing not installed: the tests that need them are skipped" >&2; \
+	  fi; \
+	fi
+
+demo: install java
+	$(PY) -m pipeline.demo $(DEMO_ARGS)
+
+test: install java system-deps
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m slow -n 2 $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" -x $(PYTEST_ARGS)
+
+test-slow: install
+	$(PY) -m pytest -m slow -n 2 $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+ui: install java
+	.venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+bench: install java
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf .sluice test-artifacts

@@ -1,0 +1,38 @@
+"""Where Sluice keeps its state, and the settings every part reads.
+
+Settings come from one place: `sluice.toml` (in the working directory, or `$SLUICE_CONFIG`)
+overridden by `SLUICE_*` environment variables. They are read when asked for, never at import.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+
+def sluice_home() -> Path:
+    """Everything written at run time lives under this directory (`$SLUICE_HOME`, `./.sluice`)."""
+    return Path(os.environ.get("SLUICE_HOME") or ".sluice").absolute()
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("SLUICE_CONFIG") or "sluice.toml").absolute()
+
+
+def load_config(path: Path | None = None) -> dict:
+    """The parsed `sluice.toml`, or an empty table when there is none."""
+    path = path or config_path()
+    if not path.exists():
+        return {}
+    with path.open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def default_store_uri() -> str:
+    """`$SLUICE_STORE`, else `[store] uri` of sluice.toml, else the embedded store in the home."""
+    if uri := os.environ.get("SLUICE_STORE"):
+        return uri
+    if uri := load_config().get("store", {}).get("uri"):
+        return str(uri)
+    return f"embedded:{sluice_home() / 'streams'}"

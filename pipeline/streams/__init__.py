@@ -1,0 +1,96 @@
+"""The stream store: one API (`StreamStore`), two backends chosen by URI.
+
+    open_store("embedded:/var/lib/sluice/streams")   # the default, on local disk
+    open_store("pravega://controller:9090")          # a Pravega cluster (pravegas:// for TLS)
+"""
+
+from __future__ import annotations
+
+from pipeline.streams.api import (
+    DEFAULT_TXN_LEASE_SECONDS,
+    MAX_EVENT_SIZE,
+    Event,
+    EventReader,
+    EventWriter,
+    ReaderGroup,
+    Retention,
+    SegmentInfo,
+    StreamInfo,
+    StreamStore,
+    Transaction,
+    TxnState,
+)
+from pipeline.streams.cut import StreamCut, as_cut
+from pipeline.streams.errors import (
+    CutStreamMismatch,
+    EventTooLarge,
+    InvalidCut,
+    InvalidName,
+    InvalidRoutingKey,
+    ReaderGroupNotFound,
+    ScopeNotFound,
+    StoreUnavailable,
+    StreamNotFound,
+    StreamNotSealed,
+    StreamSealed,
+    StreamStoreError,
+    Truncated,
+    TxnFailed,
+    TxnNotFound,
+    Unsupported,
+)
+from pipeline.streams.names import parse_stream
+
+__all__ = [
+    "DEFAULT_TXN_LEASE_SECONDS",
+    "MAX_EVENT_SIZE",
+    "CutStreamMismatch",
+    "Event",
+    "EventReader",
+    "EventTooLarge",
+    "EventWriter",
+    "InvalidCut",
+    "InvalidName",
+    "InvalidRoutingKey",
+    "ReaderGroup",
+    "ReaderGroupNotFound",
+    "Retention",
+    "ScopeNotFound",
+    "SegmentInfo",
+    "StoreUnavailable",
+    "StreamCut",
+    "StreamInfo",
+    "StreamNotFound",
+    "StreamNotSealed",
+    "StreamSealed",
+    "StreamStore",
+    "StreamStoreError",
+    "Transaction",
+    "Truncated",
+    "TxnFailed",
+    "TxnNotFound",
+    "TxnState",
+    "Unsupported",
+    "as_cut",
+    "open_store",
+    "parse_stream",
+]
+
+
+def open_store(uri: str | None = None) -> StreamStore:
+    """Open the store named by `uri` (default: `$SLUICE_STORE`, else the embedded store
+    under `$SLUICE_HOME/streams`)."""
+    from pipeline.config import default_store_uri
+
+    uri = uri or default_store_uri()
+    scheme, _, rest = uri.partition(":")
+    if scheme == "embedded":
+        from pipeline.streams.embedded import EmbeddedStore
+
+        return EmbeddedStore(rest or default_store_uri().partition(":")[2])
+    if scheme in ("pravega", "pravegas", "tcp", "tls"):
+        from pipeline.streams.pravega import PravegaStore
+
+        return PravegaStore(uri)
+    msg = f"unknown store URI {uri!r}: use embedded:<dir> or pravega://host:9090"
+    raise StoreUnavailable(uri, msg)

@@ -1,0 +1,321 @@
+"""The stream-store interface every backend implements.
+
+Streams are named `scope/stream`. A stream has one or more segments; a routing key hashes to
+one segment, so events with one key are read in the order they were written. Positions are
+`StreamCut`s. Semantics every backend holds are listed in ARCHITECTURE.md ("The stream store")
+and checked by `tests/streams/test_contract.py` against each backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline.streams.cut import StreamCut
+
+MAX_EVENT_SIZE = 8 * 1024 * 1024
+#: Long enough for weeks without network: an open transaction lives this long by default.
+DEFAULT_TXN_LEASE_SECONDS = 90 * 24 * 3600
+
+TxnState = Literal["open", "committing", "committed", "aborted"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event as read back: its position, routing key, payload and ingest time.
+
+    `offset` is the position from which a read yields this event; `end_offset` the position
+    right after it. Both are event boundaries, usable in a `StreamCut`.
+    """
+
+    stream: str
+    segment: int
+    offset: int
+    end_offset: int
+    routing_key: str | None
+    payload: bytes
+    ingest_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Keep at most `max_bytes` (whole stream) and nothing older than `max_age_seconds`."""
+
+    max_bytes: int | None = None
+    max_age_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    segment: int
+    key_range: tuple[float, float]
+    sealed: bool
+    head: int
+    tail: int
+    events: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    scope: str
+    stream: str
+    sealed: bool
+    head: StreamCut
+    tail: StreamCut
+    segments: tuple[SegmentInfo, ...]
+    retention: Retention = field(default_factory=Retention)
+
+    @property
+    def events(self) -> int:
+        return sum(s.events for s in self.segments)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.segments)
+
+    def as_dict(self) -> dict:
+        return {
+            "stream": f"{self.scope}/{self.stream}",
+            "sealed": self.sealed,
+            "head": self.head.text,
+            "tail": self.tail.text,
+            "events": self.events,
+            "bytes": self.bytes,
+            "retention": {
+                "max_bytes": self.retention.max_bytes,
+                "max_age_seconds": self.retention.max_age_seconds,
+            },
+            "segments": [
+                {
+                    "segment": s.segment,
+                    "key_range": list(s.key_range),
+                    "sealed": s.sealed,
+                    "head": s.head,
+                    "tail": s.tail,
+                    "events": s.events,
+                    "bytes": s.bytes,
+                }
+                for s in self.segments
+            ],
+        }
+
+
+class EventWriter(ABC):
+    """Appends events to one stream.
+
+    `write` buffers; `flush` returns once every buffered event is durable (fsynced). With a
+    `writer_id`, each event carries an event number (given, or one more than the last), and the
+    store drops an event whose number is not above the last it stored for that writer in that
+    segment: resending after a lost acknowledgement is a no-op. Exactly-once for a writer that
+    resends with the same id and numbers; at-least-once without a writer id.
+    """
+
+    writer_id: str | None
+
+    @abstractmethod
+    def write(
+        self, payload: bytes, routing_key: str | None = None, event_number: int | None = None
+    ) -> None: ...
+
+    @abstractmethod
+    def flush(self) -> None: ...
+
+    @abstractmethod
+    def last_event_number(self) -> int:
+        """The highest event number this writer id has stored (0 if none)."""
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> EventWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+
+
+class Transaction(ABC):
+    """Events that become visible together, contiguously in each segment, or not at all.
+
+    `flush` makes the written events durable in the transaction (they survive a crash);
+    `commit` appends them to the stream. A transaction id outlives the process:
+    `store.get_transaction(stream, txn_id).commit()` after a restart commits it or finds it
+    committed. Committing twice is not an error; committing an aborted one raises `TxnFailed`.
+    """
+
+    txn_id: str
+    stream: str
+
+    @abstractmethod
+    def write(self, payload: bytes, routing_key: str | None = None) -> None: ...
+
+    @abstractmethod
+    def flush(self) -> None: ...
+
+    @abstractmethod
+    def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
+        """Commit; `time_bounds` = (min, max) event time in ns of its events, if known."""
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+    @abstractmethod
+    def state(self) -> TxnState: ...
+
+
+class EventReader(ABC):
+    """One member of a reader group: reads the segments the group assigned to it.
+
+    Positions are persisted by `commit()` (and by `close()`): events read but not committed
+    are read again by whoever owns the segment next (at-least-once, exactly-once when the
+    consumer commits its own output and the reader position together).
+    """
+
+    reader_id: str
+
+    @abstractmethod
+    def read(self, max_events: int = 1000, timeout: float = 0.0) -> list[Event]: ...
+
+    @abstractmethod
+    def commit(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> EventReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ReaderGroup(ABC):
+    """A named, persistent set of positions over one stream, shared by several readers."""
+
+    name: str
+    stream: str
+
+    @abstractmethod
+    def reader(self, reader_id: str) -> EventReader: ...
+
+    @abstractmethod
+    def stream_cut(self) -> StreamCut:
+        """The group's committed position as a cut."""
+
+    @abstractmethod
+    def checkpoint(self, name: str) -> StreamCut:
+        """Record the committed position under `name` and return it."""
+
+    @abstractmethod
+    def reset(self, cut: StreamCut) -> None: ...
+
+
+class StreamStore(ABC):
+    """Scopes, streams, writers, transactions, readers, cuts, truncation and retention."""
+
+    uri: str
+
+    # --- scopes and streams -------------------------------------------------------------
+    @abstractmethod
+    def create_scope(self, scope: str) -> bool:
+        """Create a scope; False if it existed."""
+
+    @abstractmethod
+    def list_scopes(self) -> list[str]: ...
+
+    @abstractmethod
+    def create_stream(
+        self, stream: str, segments: int = 1, retention: Retention | None = None
+    ) -> bool:
+        """Create `scope/stream` (and its scope); False if it existed."""
+
+    @abstractmethod
+    def list_streams(self, scope: str | None = None) -> list[str]: ...
+
+    @abstractmethod
+    def stream_exists(self, stream: str) -> bool: ...
+
+    @abstractmethod
+    def info(self, stream: str) -> StreamInfo: ...
+
+    @abstractmethod
+    def seal_stream(self, stream: str) -> None: ...
+
+    @abstractmethod
+    def delete_stream(self, stream: str) -> None: ...
+
+    # --- writing ------------------------------------------------------------------------
+    @abstractmethod
+    def writer(self, stream: str, writer_id: str | None = None) -> EventWriter: ...
+
+    @abstractmethod
+    def begin_transaction(
+        self, stream: str, lease_seconds: float = DEFAULT_TXN_LEASE_SECONDS
+    ) -> Transaction: ...
+
+    @abstractmethod
+    def get_transaction(self, stream: str, txn_id: str) -> Transaction: ...
+
+    # --- cuts and reading ---------------------------------------------------------------
+    @abstractmethod
+    def head(self, stream: str) -> StreamCut: ...
+
+    @abstractmethod
+    def tail(self, stream: str) -> StreamCut: ...
+
+    @abstractmethod
+    def time_cuts(self, stream: str, start_ns: int, end_ns: int) -> tuple[StreamCut, StreamCut]:
+        """The tightest cut pair holding every event committed with time bounds that meet
+        [start_ns, end_ns) (events without bounds count by their ingest time)."""
+
+    @abstractmethod
+    def read(
+        self, stream: str, start: StreamCut | None = None, end: StreamCut | None = None
+    ) -> Iterator[Event]:
+        """Events between two cuts (head and tail by default), segment by segment in
+        ascending segment order, each in offset order. Bounded and repeatable."""
+
+    @abstractmethod
+    def read_segment(
+        self, stream: str, segment: int, start: int, end: int | None = None
+    ) -> Iterator[Event]:
+        """Events of one segment from offset `start` up to `end` (its tail by default)."""
+
+    def split_points(
+        self, stream: str, segment: int, start: int, end: int, parts: int
+    ) -> list[int]:
+        """Event boundaries that cut [start, end) into about `parts` ranges of equal bytes.
+
+        A backend that cannot see boundaries returns [] (the range is read as one)."""
+        return []
+
+    @abstractmethod
+    def reader_group(
+        self, name: str, stream: str, start: StreamCut | None = None
+    ) -> ReaderGroup:
+        """Open the named reader group, creating it at `start` (default head) if new."""
+
+    @abstractmethod
+    def delete_reader_group(self, name: str) -> None: ...
+
+    # --- truncation and retention -------------------------------------------------------
+    @abstractmethod
+    def truncate(self, cut: StreamCut) -> None:
+        """Drop everything before `cut`; later reads before it raise `Truncated`."""
+
+    @abstractmethod
+    def apply_retention(self, stream: str, now_ns: int | None = None) -> StreamCut | None:
+        """Truncate by the stream's retention policy; return the cut used, if any."""
+
+    def close(self) -> None:
+        """Release handles; the store stays usable by other processes."""
+
+    def __enter__(self) -> StreamStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,110 @@
+"""Stream cuts: a consistent position across all segments of a stream.
+
+A cut maps each segment to a byte offset on an event boundary: the position of the next event
+to read in that segment. Its text form is stable and versioned, made only of characters that
+need no escaping in a URL, a file name, a log line or a TOML string:
+
+    v1~examples~network~0-1024~1-0
+
+that is `v1`, the scope, the stream, then `segment-offset` for each segment in ascending
+segment order. Scope and stream names never contain `~` (see `names.py`), so the form is
+unambiguous. Version 1 is the only version; a reader of a future version refuses an unknown one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pipeline.streams.errors import CutStreamMismatch, InvalidCut, InvalidName
+from pipeline.streams.names import check_name
+
+CUT_VERSION = "v1"
+_SEP = "~"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCut:
+    """A position in every segment of one stream (segment number -> byte offset)."""
+
+    scope: str
+    stream_name: str
+    positions: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, scope: str, stream_name: str, positions: Mapping[int, int]) -> StreamCut:
+        ordered = tuple(sorted((int(s), int(o)) for s, o in positions.items()))
+        return cls(scope, stream_name, ordered)
+
+    @property
+    def stream(self) -> str:
+        """The qualified stream name, `scope/stream`."""
+        return f"{self.scope}/{self.stream_name}"
+
+    @property
+    def segments(self) -> dict[int, int]:
+        return dict(self.positions)
+
+    def offset(self, segment: int) -> int | None:
+        for seg, off in self.positions:
+            if seg == segment:
+                return off
+        return None
+
+    @property
+    def text(self) -> str:
+        body = _SEP.join(f"{seg}-{off}" for seg, off in self.positions)
+        head = _SEP.join((CUT_VERSION, self.scope, self.stream_name))
+        return f"{head}{_SEP}{body}" if body else head
+
+    def __str__(self) -> str:
+        return self.text
+
+    @classmethod
+    def parse(cls, text: str) -> StreamCut:
+        """Parse the text form back; a malformed text raises `InvalidCut`."""
+        if not isinstance(text, str):
+            raise InvalidCut(repr(text), "a cut is a text such as v1~scope~stream~0-0")
+        parts = text.strip().split(_SEP)
+        if len(parts) < 3:
+            raise InvalidCut(text, "expected v1~SCOPE~STREAM~SEGMENT-OFFSET...")
+        if parts[0] != CUT_VERSION:
+            raise InvalidCut(text, f"unknown cut version {parts[0]!r} (this Sluice reads v1)")
+        try:
+            scope = check_name("scope", parts[1])
+            stream = check_name("stream", parts[2])
+        except InvalidName as exc:
+            raise InvalidCut(text, str(exc)) from None
+        positions: dict[int, int] = {}
+        for item in parts[3:]:
+            seg, dash, off = item.partition("-")
+            if not dash or not seg.isdigit() or not off.isdigit():
+                raise InvalidCut(text, f"{item!r} is not SEGMENT-OFFSET with two numbers")
+            if int(seg) in positions:
+                raise InvalidCut(text, f"segment {seg} appears twice")
+            positions[int(seg)] = int(off)
+        return cls.of(scope, stream, positions)
+
+    def check_stream(self, scope: str, stream_name: str) -> StreamCut:
+        """Return self if this is a cut of `scope/stream_name`, else raise `CutStreamMismatch`."""
+        if (self.scope, self.stream_name) != (scope, stream_name):
+            raise CutStreamMismatch(self.stream, f"{scope}/{stream_name}")
+        return self
+
+    def bytes_until(self, other: StreamCut) -> int:
+        """Bytes between this cut and a later one, summed over segments both name."""
+        mine = self.segments
+        return sum(max(0, off - mine[seg]) for seg, off in other.positions if seg in mine)
+
+
+def as_cut(value: StreamCut | str) -> StreamCut:
+    return value if isinstance(value, StreamCut) else StreamCut.parse(value)
+
+
+def merge_positions(cuts: Iterable[StreamCut]) -> dict[int, int]:
+    """The latest position per segment over several cuts of one stream."""
+    merged: dict[int, int] = {}
+    for cut in cuts:
+        for seg, off in cut.positions:
+            merged[seg] = max(off, merged.get(seg, off))
+    return merged

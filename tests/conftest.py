@@ -1,0 +1,27 @@
+"""Fixtures shared by the whole suite: a fresh embedded store per test, one Spark session per run."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _sluice_home(tmp_path, monkeypatch):
+    """Every test gets its own SLUICE_HOME, so nothing leaks between tests or into the repo."""
+    home = tmp_path / "sluice-home"
+    monkeypatch.setenv("SLUICE_HOME", str(home))
+    monkeypatch.delenv("SLUICE_STORE", raising=False)
+    return home
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    return tmp_path / "streams"
+
+
+@pytest.fixture
+def store(store_dir):
+    from pipeline.streams import open_store
+
+    with open_store(f"embedded:{store_dir}") as s:
+        yield s

@@ -1,7 +1,7 @@
 """The stream store: one API (`StreamStore`), two backends chosen by URI.
 
-    open_store("embedded:/var/lib/sluice/streams")   # the default, on local disk
-    open_store("pravega://controller:9090")          # a Pravega cluster (pravegas:// for TLS)
+open_store("embedded:/var/lib/sluice/streams")   # the default, on local disk
+open_store("pravega://controller:9090")          # a Pravega cluster (pravegas:// for TLS)
 """
 
 from __future__ import annotations

@@ -294,9 +294,7 @@ class StreamStore(ABC):
         return []
 
     @abstractmethod
-    def reader_group(
-        self, name: str, stream: str, start: StreamCut | None = None
-    ) -> ReaderGroup:
+    def reader_group(self, name: str, stream: str, start: StreamCut | None = None) -> ReaderGroup:
         """Open the named reader group, creating it at `start` (default head) if new."""
 
     @abstractmethod

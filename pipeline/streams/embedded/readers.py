@@ -1,0 +1,184 @@
+"""Reader groups of the embedded store: named positions shared by readers in any process.
+
+A group stores one committed offset per segment (`rg_positions`). Readers join by id, send a
+heartbeat on every read, and own a fair share of the segments (ceil(segments / live readers));
+a reader whose heartbeat is older than `READER_TIMEOUT_S` is presumed dead and its segments are
+taken over from their committed positions. Delivery is at-least-once: events read but not
+committed are read again by the segment's next owner. A consumer that stores its output and
+`reader.commit()` together, or checkpoints, gets exactly-once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from pipeline.streams.api import Event, EventReader, ReaderGroup
+from pipeline.streams.cut import StreamCut, as_cut
+from pipeline.streams.embedded.catalog import now_ns
+from pipeline.streams.embedded.store import EmbeddedStore, StreamRow
+from pipeline.streams.errors import InvalidName, ReaderGroupNotFound
+from pipeline.streams.names import check_name
+
+READER_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.02
+
+
+class EmbeddedReaderGroup(ReaderGroup):
+    def __init__(self, store: EmbeddedStore, name: str, row: StreamRow) -> None:
+        self.store, self.name, self.row = store, name, row
+        self.stream = row.qualified
+
+    @classmethod
+    def open(
+        cls, store: EmbeddedStore, name: str, row: StreamRow, start: StreamCut | None
+    ) -> EmbeddedReaderGroup:
+        check_name("reader group", name)
+        start = as_cut(start).check_stream(row.scope, row.name) if start else None
+        start = start or store.head(row.qualified)
+        with store.catalog.write() as db:
+            found = db.execute(
+                "SELECT stream_id FROM reader_groups WHERE name=?", (name,)
+            ).fetchone()
+            if found is not None and found[0] != row.id:
+                raise InvalidName("reader group", name, "it already reads another stream")
+            if found is None:
+                db.execute(
+                    "INSERT INTO reader_groups(name, stream_id, created_ns) VALUES (?, ?, ?)",
+                    (name, row.id, now_ns()),
+                )
+                db.executemany(
+                    "INSERT INTO rg_positions(group_name, segment, offset) VALUES (?, ?, ?)",
+                    [(name, seg, off) for seg, off in start.positions],
+                )
+        return cls(store, name, row)
+
+    @staticmethod
+    def delete(store: EmbeddedStore, name: str) -> None:
+        with store.catalog.write() as db:
+            if not db.execute("SELECT 1 FROM reader_groups WHERE name=?", (name,)).fetchone():
+                raise ReaderGroupNotFound(name)
+            for table in ("reader_groups", "rg_positions", "rg_readers", "rg_checkpoints"):
+                column = "name" if table == "reader_groups" else "group_name"
+                db.execute(f"DELETE FROM {table} WHERE {column}=?", (name,))
+
+    def reader(self, reader_id: str) -> EventReader:
+        check_name("reader", reader_id)
+        with self.store.catalog.write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO rg_readers(group_name, reader_id, heartbeat_ns)"
+                " VALUES (?, ?, ?)",
+                (self.name, reader_id, now_ns()),
+            )
+        return EmbeddedReader(self, reader_id)
+
+    def stream_cut(self) -> StreamCut:
+        rows = self.store.catalog.query(
+            "SELECT segment, offset FROM rg_positions WHERE group_name=?", (self.name,)
+        )
+        if not rows:
+            raise ReaderGroupNotFound(self.name)
+        return StreamCut.of(self.row.scope, self.row.name, dict(rows))
+
+    def checkpoint(self, name: str) -> StreamCut:
+        cut = self.stream_cut()
+        with self.store.catalog.write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO rg_checkpoints(group_name, name, cut, created_ns)"
+                " VALUES (?, ?, ?, ?)",
+                (self.name, name, cut.text, now_ns()),
+            )
+        return cut
+
+    def reset(self, cut: StreamCut) -> None:
+        cut = as_cut(cut).check_stream(self.row.scope, self.row.name)
+        with self.store.catalog.write() as db:
+            db.execute("DELETE FROM rg_positions WHERE group_name=?", (self.name,))
+            db.executemany(
+                "INSERT INTO rg_positions(group_name, segment, offset) VALUES (?, ?, ?)",
+                [(self.name, seg, off) for seg, off in cut.positions],
+            )
+
+
+class EmbeddedReader(EventReader):
+    def __init__(self, group: EmbeddedReaderGroup, reader_id: str) -> None:
+        self.group, self.reader_id = group, reader_id
+        self.store = group.store
+        self._positions: dict[int, int] = {}
+
+    def _rebalance(self) -> None:
+        """Heartbeat, then release or acquire segments to hold a fair share."""
+        now = now_ns()
+        dead_before = now - int(READER_TIMEOUT_S * 1e9)
+        name, me = self.group.name, self.reader_id
+        with self.store.catalog.write() as db:
+            db.execute(
+                "UPDATE rg_readers SET heartbeat_ns=? WHERE group_name=? AND reader_id=?",
+                (now, name, me),
+            )
+            live = {
+                r
+                for (r,) in db.execute(
+                    "SELECT reader_id FROM rg_readers WHERE group_name=? AND heartbeat_ns>=?",
+                    (name, dead_before),
+                )
+            } | {me}
+            rows = db.execute(
+                "SELECT segment, offset, owner FROM rg_positions WHERE group_name=?"
+                " ORDER BY segment",
+                (name,),
+            ).fetchall()
+            fair = math.ceil(len(rows) / len(live))
+            mine = [seg for seg, _, owner in rows if owner == me]
+            for seg in mine[fair:]:
+                self._release(db, seg)
+            free = [seg for seg, _, owner in rows if owner is None or owner not in live]
+            for seg, off, _ in rows:
+                if seg in free and len(self._positions) < fair:
+                    db.execute(
+                        "UPDATE rg_positions SET owner=? WHERE group_name=? AND segment=?",
+                        (me, name, seg),
+                    )
+                    self._positions[seg] = off
+
+    def _release(self, db, segment: int) -> None:
+        offset = self._positions.pop(segment, None)
+        if offset is not None:
+            db.execute(
+                "UPDATE rg_positions SET offset=?, owner=NULL WHERE group_name=? AND segment=?",
+                (offset, self.group.name, segment),
+            )
+
+    def read(self, max_events: int = 1000, timeout: float = 0.0) -> list[Event]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._rebalance()
+            events: list[Event] = []
+            for seg in sorted(self._positions):
+                for event in self.store.read_segment(self.group.stream, seg, self._positions[seg]):
+                    events.append(event)
+                    self._positions[seg] = event.end_offset
+                    if len(events) >= max_events:
+                        return events
+            if events or time.monotonic() >= deadline:
+                return events
+            time.sleep(POLL_INTERVAL_S)
+
+    def commit(self) -> None:
+        with self.store.catalog.write() as db:
+            db.executemany(
+                "UPDATE rg_positions SET offset=? WHERE group_name=? AND segment=? AND owner=?",
+                [
+                    (off, self.group.name, seg, self.reader_id)
+                    for seg, off in self._positions.items()
+                ],
+            )
+
+    def close(self) -> None:
+        with self.store.catalog.write() as db:
+            for seg in list(self._positions):
+                self._release(db, seg)
+            db.execute(
+                "DELETE FROM rg_readers WHERE group_name=? AND reader_id=?",
+                (self.group.name, self.reader_id),
+            )

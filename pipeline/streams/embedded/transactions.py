@@ -1,0 +1,236 @@
+"""Transactions of the embedded store: durable, atomic, contiguous, committable after a crash.
+
+Life of a transaction (states in the catalog's `txns` table, synchronous=FULL):
+
+    open --flush--> (events fsynced in txn/<id>/<segment>.body, length+CRC in txn_segments)
+    open --commit--> committing --(one block per segment appended)--> committed
+    open --abort--> aborted
+
+`commit` first records `committing` with the commit's ingest time and time bounds, so a commit
+that crashed half-way is rolled forward by the next `commit()` on the same id (from any
+process): per segment it records where the block goes (`appended_at`) before appending it, and
+on a retry checks whether a block of this transaction already starts there. Each segment gets
+exactly one block holding all of the transaction's events for it: contiguous, checksummed as a
+whole, so a reader sees all of them or none. Across segments the blocks land one after another
+(as Pravega merges transaction segments one by one); `commit` returns when all have landed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import zlib
+from collections import defaultdict
+from pathlib import Path
+
+from pipeline.streams.api import Transaction, TxnState
+from pipeline.streams.embedded.blocks import encode_header, parse_header
+from pipeline.streams.embedded.catalog import now_ns
+from pipeline.streams.embedded.segment import fsync_dir
+from pipeline.streams.embedded.store import EmbeddedStore, StreamRow
+from pipeline.streams.errors import TxnFailed, TxnNotFound
+
+BODY_READ_CHUNK = 64 << 20
+
+
+class EmbeddedTransaction(Transaction):
+    def __init__(self, store: EmbeddedStore, row: StreamRow, txn_id: str) -> None:
+        self.store, self.row, self.txn_id = store, row, txn_id
+        self.stream = row.qualified
+        self._pending: dict[int, list[bytes]] = defaultdict(list)
+        self._active = store.segments(row, active_only=True)
+
+    @classmethod
+    def begin(
+        cls, store: EmbeddedStore, row: StreamRow, lease_seconds: float
+    ) -> EmbeddedTransaction:
+        store.check_writable(row)
+        txn_id = uuid.uuid4().hex
+        created = now_ns()
+        with store.catalog.write() as db:
+            db.execute(
+                "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
+                " VALUES (?, ?, 'open', ?, ?)",
+                (txn_id, row.id, created, created + int(lease_seconds * 1e9)),
+            )
+        return cls(store, row, txn_id)
+
+    @classmethod
+    def lookup(cls, store: EmbeddedStore, row: StreamRow, txn_id: str) -> EmbeddedTransaction:
+        found = store.catalog.query_one("SELECT stream_id FROM txns WHERE txn_id=?", (str(txn_id),))
+        if found is None or found[0] != row.id:
+            raise TxnNotFound(str(txn_id))
+        return cls(store, row, txn_id)
+
+    @property
+    def _dir(self) -> Path:
+        return self.store.root / "txn" / self.txn_id
+
+    def state(self) -> TxnState:
+        found = self.store.catalog.query_one(
+            "SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)
+        )
+        if found is None:
+            raise TxnNotFound(self.txn_id)
+        return found[0]
+
+    def _require_open(self, action: str) -> None:
+        state, expiry = self.store.catalog.query_one(
+            "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
+        )
+        if state != "open":
+            raise TxnFailed(self.txn_id, state, f"it is {state}, so it cannot {action}")
+        if now_ns() > expiry:
+            self.abort()
+            raise TxnFailed(self.txn_id, "aborted", "its lease expired; it has been aborted")
+
+    def write(self, payload: bytes, routing_key: str | None = None) -> None:
+        frame = self.store.encode(payload, routing_key)
+        self._pending[self.store.route(self._active, routing_key)].append(frame)
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        self._require_open("take more events")
+        self._dir.mkdir(parents=True, exist_ok=True)
+        for segment, frames in sorted(self._pending.items()):
+            self._flush_segment(segment, frames)
+        self._pending.clear()
+
+    def _flush_segment(self, segment: int, frames: list[bytes]) -> None:
+        found = self.store.catalog.query_one(
+            "SELECT body_len, events, body_crc FROM txn_segments WHERE txn_id=? AND segment=?",
+            (self.txn_id, segment),
+        )
+        body_len, events, crc = found or (0, 0, 0)
+        path = self._dir / f"{segment}.body"
+        new_file = not path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            data = b"".join(frames)
+            os.pwrite(fd, data, body_len)  # over anything a crash left past the recorded length
+            os.ftruncate(fd, body_len + len(data))
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        if new_file:
+            fsync_dir(self._dir)
+        with self.store.catalog.write() as db:
+            db.execute(
+                "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET body_len=excluded.body_len,"
+                " events=excluded.events, body_crc=excluded.body_crc",
+                (
+                    self.txn_id,
+                    segment,
+                    body_len + len(data),
+                    events + len(frames),
+                    zlib.crc32(data, crc),
+                ),
+            )
+
+    def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
+        state = self.state()
+        if state == "committed":
+            return
+        if state == "open":
+            self.flush()
+            self._require_open("be committed")
+            self.store.check_writable(self.row)
+            t_min, t_max = time_bounds if time_bounds is not None else (None, None)
+            with self.store.catalog.write() as db:
+                db.execute(
+                    "UPDATE txns SET state='committing', ingest_ns=?, t_min=?, t_max=?"
+                    " WHERE txn_id=? AND state='open'",
+                    (now_ns(), t_min, t_max, self.txn_id),
+                )
+        elif state != "committing":
+            raise TxnFailed(self.txn_id, state, f"it was {state}")
+        self._roll_forward()
+
+    def _roll_forward(self) -> None:
+        ingest_ns, t_min, t_max = self.store.catalog.query_one(
+            "SELECT ingest_ns, t_min, t_max FROM txns WHERE txn_id=?", (self.txn_id,)
+        )
+        bounds = (t_min, t_max) if t_min is not None else None
+        rows = self.store.catalog.query(
+            "SELECT segment, body_len, events, body_crc, appended_at FROM txn_segments"
+            " WHERE txn_id=? AND done=0 ORDER BY segment",
+            (self.txn_id,),
+        )
+        for segment, body_len, events, crc, appended_at in rows:
+            header = encode_header(
+                body_crc=crc,
+                body_len=body_len,
+                events=events,
+                ingest_ns=ingest_ns,
+                time_bounds=bounds,
+                meta=b"t" + self.txn_id.encode(),
+            )
+            self._land(segment, header, body_len, appended_at)
+        with self.store.catalog.write() as db:
+            db.execute(
+                "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?",
+                (now_ns(), self.txn_id),
+            )
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _land(self, segment: int, header: bytes, body_len: int, appended_at: int | None) -> None:
+        """Append this transaction's block to one segment unless an earlier try already did."""
+        segfile = self.store.segment_file(self.row, segment)
+        with segfile.locked():
+            at = self.store.catch_up(self.row, segment)
+            if appended_at is not None and self._block_is_mine(segment, appended_at):
+                self._mark_done(segment)
+                return
+            with self.store.catalog.write() as db:
+                db.execute(
+                    "UPDATE txn_segments SET appended_at=? WHERE txn_id=? AND segment=?",
+                    (at, self.txn_id, segment),
+                )
+            self.store.append_block(self.row, segment, header, self._body(segment, body_len))
+        self._mark_done(segment)
+
+    def _block_is_mine(self, segment: int, offset: int) -> bool:
+        block = self.store._block_at(self.row, segment, offset)
+        if block is None or block.offset != offset:
+            return False
+        data = self.store.segment_file(self.row, segment).pread(block.length, offset)
+        parsed = parse_header(data, 0, offset)
+        return parsed is not None and parsed.txn_id == self.txn_id
+
+    def _body(self, segment: int, body_len: int) -> list[bytes]:
+        if body_len == 0:
+            return []
+        chunks, pos = [], 0
+        with (self._dir / f"{segment}.body").open("rb") as fh:
+            while pos < body_len:
+                chunk = fh.read(min(BODY_READ_CHUNK, body_len - pos))
+                if not chunk:
+                    msg = f"transaction {self.txn_id} lost flushed data of segment {segment}"
+                    raise TxnFailed(self.txn_id, "committing", msg)
+                chunks.append(chunk)
+                pos += len(chunk)
+        return chunks
+
+    def _mark_done(self, segment: int) -> None:
+        with self.store.catalog.write() as db:
+            db.execute(
+                "UPDATE txn_segments SET done=1 WHERE txn_id=? AND segment=?",
+                (self.txn_id, segment),
+            )
+
+    def abort(self) -> None:
+        with self.store.catalog.write() as db:
+            state = db.execute("SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)).fetchone()[
+                0
+            ]
+            if state in ("committing", "committed"):
+                raise TxnFailed(self.txn_id, state, "it is already committed; it cannot be aborted")
+            db.execute(
+                "UPDATE txns SET state='aborted', finished_ns=? WHERE txn_id=?",
+                (now_ns(), self.txn_id),
+            )
+        self._pending.clear()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Fixtures shared by the whole suite: a fresh embedded store per test, one Spark session per run."""
+"""Fixtures shared by the whole suite: a fresh store per test, one Spark session per run."""
 
 from __future__ import annotations
 

@@ -309,7 +309,7 @@ class StreamStore(ABC):
     def apply_retention(self, stream: str, now_ns: int | None = None) -> StreamCut | None:
         """Truncate by the stream's retention policy; return the cut used, if any."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold no handles
         """Release handles; the store stays usable by other processes."""
 
     def __enter__(self) -> StreamStore:

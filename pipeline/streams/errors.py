@@ -57,7 +57,9 @@ class StreamNotSealed(StreamStoreError):
 class EventTooLarge(StreamStoreError, ValueError):
     def __init__(self, size: int, limit: int) -> None:
         self.size, self.limit = size, limit
-        msg = f"event of {size} bytes is over the limit of {limit} bytes: split it into smaller events"
+        msg = (
+            f"event of {size} bytes is over the limit of {limit} bytes: split it into smaller ones"
+        )
         super().__init__(msg)
 
 

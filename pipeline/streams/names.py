@@ -30,7 +30,7 @@ def parse_stream(qualified: str) -> tuple[str, str]:
     """Split `"scope/stream"` into its two checked parts."""
     parts = qualified.split("/") if isinstance(qualified, str) else []
     if len(parts) != 2:
-        raise InvalidName("stream", str(qualified), "expected exactly SCOPE/STREAM")
+        raise InvalidName(kind="stream", name=str(qualified), reason="expected SCOPE/STREAM")
     return check_name("scope", parts[0]), check_name("stream", parts[1])
 
 

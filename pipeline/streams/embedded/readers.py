@@ -41,7 +41,7 @@ class EmbeddedReaderGroup(ReaderGroup):
                 "SELECT stream_id FROM reader_groups WHERE name=?", (name,)
             ).fetchone()
             if found is not None and found[0] != row.id:
-                raise InvalidName("reader group", name, "it already reads another stream")
+                raise InvalidName(kind="reader group", name=name, reason="it reads another stream")
             if found is None:
                 db.execute(
                     "INSERT INTO reader_groups(name, stream_id, created_ns) VALUES (?, ?, ?)",

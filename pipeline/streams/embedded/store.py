@@ -439,7 +439,7 @@ class EmbeddedStore(StreamStore):
         known = {s for s, _, _ in self.segments(row)}
         if segment not in known:
             msg = f"{row.qualified} has no segment {segment}"
-            raise InvalidCut(f"{segment}-{start}", msg)
+            raise InvalidCut(text=f"{segment}-{start}", reason=msg)
         tail = self.catch_up(row, segment)
         end = tail if end is None else end
         head = self._segment_head(row, segment)
@@ -447,7 +447,7 @@ class EmbeddedStore(StreamStore):
             raise Truncated(row.qualified, segment, start, head)
         if end > tail:
             msg = f"offset {end} is past the tail ({tail}) of segment {segment}"
-            raise InvalidCut(f"{segment}-{end}", msg)
+            raise InvalidCut(text=f"{segment}-{end}", reason=msg)
         if start >= end:
             return iter(())
         return self._read_range(row, segment, start, end)
@@ -469,7 +469,7 @@ class EmbeddedStore(StreamStore):
                 header = parse_header(data, pos, block.offset)
                 if header is None:
                     msg = f"block at {block.offset} of segment {segment} is unreadable"
-                    raise InvalidCut(f"{segment}-{block.offset}", msg)
+                    raise InvalidCut(text=f"{segment}-{block.offset}", reason=msg)
                 body = data[header.body_offset - block.offset + pos : pos + block.length]
                 for off, end_off, key, payload in iter_events(body, header):
                     if start <= off and end_off <= end:
@@ -489,11 +489,11 @@ class EmbeddedStore(StreamStore):
         body = data[header.body_offset - block.offset :] if header else b""
         if header and any(off == offset for off, _, _, _ in iter_events(body, header)):
             return
-        raise InvalidCut(
-            f"{segment}-{offset}",
+        msg = (
             f"offset {offset} of segment {segment} is not an event boundary;"
-            " use a cut taken from the store (head, tail, an event's offset)",
+            " use a cut taken from the store (head, tail, an event's offset)"
         )
+        raise InvalidCut(text=f"{segment}-{offset}", reason=msg)
 
     def split_points(
         self, stream: str, segment: int, start: int, end: int, parts: int

@@ -15,6 +15,7 @@ from pipeline.errors import SluiceError
 
 COMMAND_MODULES = (
     "pipeline.streams.commands",  # sluice store ...
+    "pipeline.jobs.replay_commands",  # sluice join / slices / replay ...
 )
 
 

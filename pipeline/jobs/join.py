@@ -1,0 +1,388 @@
+"""The deterministic time-series join of two sensor series (seed 003, done vectorized).
+
+Semantics (what a pair is)
+--------------------------
+Each series is ordered by its time column; records with equal times in one series form a
+*group*. For a record `x` of one series, in the other series:
+
+- its **predecessor** group is the group with the latest time at or before `x.time`;
+- its **successor** group is the group with the earliest time at or after `x.time`.
+
+A left record `l` and a right record `r` form a pair when `r` is in `l`'s predecessor or
+successor group, or `l` is in `r`'s predecessor or successor group (the join is symmetric),
+and, with `max_gap`, when `|l.time - r.time| <= max_gap`. The nearest partner is chosen
+first and then checked against the gap: a nearest partner beyond the gap is no partner,
+farther records are never taken instead. Consequences, spelled out:
+
+- **each pair is emitted exactly once**, however many of the four relations hold;
+- **equal times across the series**: `l.time == r.time` makes them each other's predecessor
+  *and* successor: one pair, not two (seed 003's LocalStreamBuffer emits it twice);
+- **ties inside a series**: every record of the nearest group is a partner (the nearest
+  record is not unique, so none is preferred over another: the result does not depend on
+  how equal-time records happen to be ordered inside a series, except for the row order);
+- **ends of the series**: a record earlier than the whole other series has no predecessor
+  and pairs only with the other series' first group; one later than all of it pairs only
+  with its last group; a record whose other series is empty, or whose nearest partners
+  are all beyond `max_gap`, is in no pair (this is not an outer join: it yields no row,
+  and `JoinResult` counts such unmatched records);
+- **arrival order does not matter**: the pairs are a function of the two series alone.
+  `StreamingJoin` takes the series in batches in any interleaving (each series in time
+  order) and emits exactly the rows of the batch join, in the same order.
+
+Row order
+---------
+Rows are ordered by the pair's *completion time*, the later of its two times (the moment a
+streaming join can emit it). Among pairs completing at one instant, first those completed
+by a left record strictly later than its partner (by left row, then right row), then those
+completed by a right record, equal-time pairs included (by right row, then left row). Rows
+of a series are numbered in time order, stable for equal times (file order).
+
+How
+---
+For a record at time `t` whose own series' previous group is at `p`, its partners among
+the earlier-or-equal records of the other series are one contiguous range of that series:
+the records in `(p, t]` (they have it as successor), or, when that range is empty, the
+predecessor group. Two `searchsorted` calls per record find the ranges, `np.repeat` expands
+them, and a stable merge by completion time orders them: O((n + m) log(n + m) + pairs),
+no per-record Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import SluiceError
+
+Side = Literal["left", "right"]
+
+
+class JoinInputError(SluiceError, ValueError):
+    """A join input that cannot be joined: missing file or column, bad times."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source, self.reason = source, reason
+        msg = f"cannot join {source}: {reason}"
+        super().__init__(msg)
+
+
+class SeriesOutOfOrder(SluiceError, ValueError):
+    """A streaming join was fed a record earlier than one already given for that series."""
+
+    def __init__(self, side: str, previous: float, time: float) -> None:
+        self.side, self.previous, self.time = side, previous, time
+        msg = (
+            f"the {side} series went back in time ({time!r} after {previous!r}): each series "
+            "must arrive in time order (one routing key per series keeps it so); "
+            "sort it or use join_tables on the whole series"
+        )
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinPairs:
+    """Row numbers (in time order) of each pair, and the pair's completion time."""
+
+    left: np.ndarray
+    right: np.ndarray
+    completion: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.left)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    table: pa.Table
+    pairs: int
+    left_rows: int
+    right_rows: int
+    left_unmatched: int
+    right_unmatched: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "pairs": self.pairs,
+            "left_rows": self.left_rows,
+            "right_rows": self.right_rows,
+            "left_unmatched": self.left_unmatched,
+            "right_unmatched": self.right_unmatched,
+        }
+
+
+# --- the vectorized core --------------------------------------------------------------------
+
+
+def _group_starts(times: np.ndarray) -> np.ndarray:
+    """For each record of a sorted series, the row where its equal-time group starts."""
+    rows = np.arange(len(times), dtype=np.int64)
+    new_group = np.ones(len(times), dtype=bool)
+    new_group[1:] = times[1:] != times[:-1]
+    return np.maximum.accumulate(np.where(new_group, rows, 0)) if len(times) else rows
+
+
+def _partner_ranges(
+    own: np.ndarray, other: np.ndarray, inclusive: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per record of `own`, the range [lo, hi) of `other` records it completes a pair with.
+
+    `inclusive` takes partners at the record's own time too (the right series completes
+    equal-time pairs); otherwise only strictly earlier partners.
+    """
+    at_or_before = np.searchsorted(other, own, side="right")
+    hi = at_or_before if inclusive else np.searchsorted(other, own, side="left")
+    # lo: just after the other series' records at or before the own previous group's time,
+    # which is `at_or_before` of the last record of that previous group.
+    starts = _group_starts(own)
+    lo = np.where(starts > 0, at_or_before[np.maximum(starts - 1, 0)], 0)
+    # An empty window means the record is nobody's successor: its partner at or before it
+    # is its predecessor group alone (if that group is not at its own time, when exclusive).
+    empty = (lo == hi) & (hi > 0)
+    if not inclusive:
+        empty &= hi == at_or_before
+    lo[empty] = _group_starts(other)[hi[empty] - 1]
+    return lo, hi
+
+
+def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner, partner) index arrays for every partner in each owner's range."""
+    counts = hi - lo
+    owner = np.repeat(np.arange(len(lo), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    partner = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts - lo, counts)
+    return owner, partner
+
+
+def _as_sorted_times(times: np.ndarray | Sequence[float], name: str) -> np.ndarray:
+    arr = np.asarray(times)
+    if arr.dtype.kind not in "iuf":
+        reason = f"its times are of type {arr.dtype}, not numbers"
+        raise JoinInputError(name, reason)
+    if arr.dtype.kind == "u":
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind == "f" and np.isnan(arr).any():
+        reason = f"{int(np.isnan(arr).sum())} time(s) are NaN: drop or fix those records first"
+        raise JoinInputError(name, reason)
+    if len(arr) > 1 and not (arr[1:] >= arr[:-1]).all():
+        reason = "its times are not in ascending order (use join_tables, which sorts)"
+        raise JoinInputError(name, reason)
+    return arr
+
+
+def join_indices(
+    left_times: np.ndarray | Sequence[float],
+    right_times: np.ndarray | Sequence[float],
+    max_gap: float | None = None,
+) -> JoinPairs:
+    """The pairs of two time-sorted series, as row numbers, in the documented row order."""
+    lt = _as_sorted_times(left_times, "the left series")
+    rt = _as_sorted_times(right_times, "the right series")
+    l_lo, l_hi = _partner_ranges(lt, rt, inclusive=False)
+    r_lo, r_hi = _partner_ranges(rt, lt, inclusive=True)
+    a_left, a_right = _expand(l_lo, l_hi)  # completed by a left record (owner is left)
+    b_right, b_left = _expand(r_lo, r_hi)  # completed by a right record
+    left = np.concatenate([a_left, b_left])
+    right = np.concatenate([a_right, b_right])
+    completion = np.concatenate([lt[a_left], rt[b_right]])
+    if max_gap is not None:
+        keep = np.abs(lt[left] - rt[right]) <= max_gap
+        left, right, completion = left[keep], right[keep], completion[keep]
+    # Both halves are already sorted by completion time: the stable sort is a linear merge.
+    order = np.argsort(completion, kind="stable")
+    return JoinPairs(left[order], right[order], completion[order])
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+
+def _times_of(table: pa.Table, time_column: str, name: str) -> np.ndarray:
+    if time_column not in table.column_names:
+        reason = f"it has no column {time_column!r} (columns: {', '.join(table.column_names)})"
+        raise JoinInputError(name, reason)
+    column = table[time_column]
+    if column.null_count:
+        reason = f"{column.null_count} record(s) have no {time_column!r}: fill or drop them first"
+        raise JoinInputError(name, reason)
+    if pa.types.is_timestamp(column.type):
+        column = pc.cast(column, pa.int64())
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        reason = f"column {time_column!r} is {column.type}, not a number of seconds"
+        raise JoinInputError(name, reason)
+    return column.to_numpy()
+
+
+def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
+    return table.rename_columns([f"{prefix}_{name}" for name in table.column_names])
+
+
+def _pair_table(left: pa.Table, right: pa.Table, li: np.ndarray, ri: np.ndarray) -> pa.Table:
+    lt = _prefixed(left.take(pa.array(li, pa.int64())), "left")
+    rt = _prefixed(right.take(pa.array(ri, pa.int64())), "right")
+    return pa.Table.from_arrays(lt.columns + rt.columns, names=lt.column_names + rt.column_names)
+
+
+def _sorted_by_time(table: pa.Table, times: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    if len(times) < 2 or (times[1:] >= times[:-1]).all():
+        return table, times
+    order = np.argsort(times, kind="stable")
+    return table.take(pa.array(order, pa.int64())), times[order]
+
+
+def join_tables(
+    left: pa.Table,
+    right: pa.Table,
+    time_column: str = "time",
+    max_gap: float | None = None,
+) -> JoinResult:
+    """Join two tables on `time_column`; output columns `left_*` then `right_*`.
+
+    The tables need not be sorted (they are sorted stably by time first). Pure function of
+    its inputs: the same tables give the same rows in the same order, every time.
+    """
+    lt = _times_of(left, time_column, "the left series")
+    rt = _times_of(right, time_column, "the right series")
+    left, lt = _sorted_by_time(left, lt)
+    right, rt = _sorted_by_time(right, rt)
+    pairs = join_indices(lt, rt, max_gap)
+    return JoinResult(
+        table=_pair_table(left, right, pairs.left, pairs.right),
+        pairs=len(pairs),
+        left_rows=left.num_rows,
+        right_rows=right.num_rows,
+        left_unmatched=_unmatched(pairs.left, left.num_rows),
+        right_unmatched=_unmatched(pairs.right, right.num_rows),
+    )
+
+
+def _unmatched(indices: np.ndarray, rows: int) -> int:
+    seen = np.zeros(rows, dtype=bool)
+    seen[indices] = True
+    return int(rows - seen.sum())
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+
+class StreamingJoin:
+    """The same join, fed batch by batch in any interleaving of the two series.
+
+    Each series must arrive in time order (a `SeriesOutOfOrder` error otherwise). A pair is
+    emitted once it is final: its completion time is below the *horizon*, the earlier of
+    the two series' latest times (a series that `end()`ed counts as infinitely late), since
+    no later record of either series can change the pairs that complete before it.
+    Concatenating every `push`/`end` result gives exactly `join_tables` of the whole series,
+    row for row. Buffers keep only what future pairs can still need: records from the
+    earlier of the two series' last groups below the horizon.
+
+    Delivery: exactly-once per pair within one instance (a pair is emitted in the one call
+    whose horizon passes its completion time); the instance is in-memory, so a caller that
+    must survive a crash re-feeds both series from a checkpointed position together with
+    the rows it already stored.
+    """
+
+    def __init__(self, time_column: str = "time", max_gap: float | None = None) -> None:
+        self.time_column = time_column
+        self.max_gap = max_gap
+        self._tables: dict[Side, pa.Table | None] = {"left": None, "right": None}
+        self._times: dict[Side, np.ndarray] = {}
+        self._latest: dict[Side, float] = {"left": -np.inf, "right": -np.inf}
+        self._ended: dict[Side, bool] = {"left": False, "right": False}
+        self._emitted_below = -np.inf
+
+    def push(self, side: Side, batch: pa.Table) -> pa.Table | None:
+        """Add a batch of one series; return the rows that became final (None if none yet)."""
+        times = _times_of(batch, self.time_column, f"the {side} series")
+        if len(times) == 0:
+            return self._emit()
+        first_back = np.flatnonzero(times[1:] < times[:-1])
+        if times[0] < self._latest[side] or len(first_back):
+            at = int(first_back[0]) + 1 if times[0] >= self._latest[side] else 0
+            previous = self._latest[side] if at == 0 else float(times[at - 1])
+            raise SeriesOutOfOrder(side, previous, float(times[at]))
+        current = self._tables[side]
+        self._tables[side] = batch if current is None else pa.concat_tables([current, batch])
+        self._times[side] = np.concatenate([self._times.get(side, times[:0]), times])
+        self._latest[side] = float(times[-1])
+        return self._emit()
+
+    def end(self, side: Side) -> pa.Table | None:
+        """Declare a series complete; return the rows that became final."""
+        self._ended[side] = True
+        return self._emit()
+
+    def _horizon(self) -> float:
+        return min(np.inf if self._ended[s] else self._latest[s] for s in ("left", "right"))
+
+    def _emit(self) -> pa.Table | None:
+        left, right = self._tables["left"], self._tables["right"]
+        if left is None or right is None:
+            return None
+        horizon = self._horizon()
+        pairs = join_indices(self._times["left"], self._times["right"], self.max_gap)
+        band = (pairs.completion >= self._emitted_below) & (pairs.completion < horizon)
+        rows = _pair_table(left, right, pairs.left[band], pairs.right[band])
+        self._emitted_below = max(self._emitted_below, horizon)
+        self._trim(horizon)
+        return rows if rows.num_rows else None
+
+    def _trim(self, horizon: float) -> None:
+        keep_from = np.inf
+        for side in ("left", "right"):
+            below = self._times[side][self._times[side] < horizon]
+            keep_from = min(keep_from, below[-1] if len(below) else -np.inf)
+        for side in ("left", "right"):
+            first = int(np.searchsorted(self._times[side], keep_from, side="left"))
+            if first:
+                self._times[side] = self._times[side][first:]
+                self._tables[side] = self._tables[side].slice(first)
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def read_series(path: Path) -> pa.Table:
+    """A Parquet or CSV file (by extension; CSV with a header row) as an Arrow table."""
+    path = Path(path)
+    if not path.exists():
+        reason = "no such file"
+        raise JoinInputError(str(path), reason)
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path)
+    if suffix in (".csv", ".txt"):
+        import pyarrow.csv as pacsv
+
+        return pacsv.read_csv(path)
+    reason = f"unknown file type {suffix!r}: give a .parquet or .csv file"
+    raise JoinInputError(str(path), reason)
+
+
+def join_files(
+    left: Path,
+    right: Path,
+    output: Path,
+    time_column: str = "time",
+    max_gap: float | None = None,
+) -> JoinResult:
+    """Join two files into one Parquet file (written to a temporary name, then renamed).
+
+    Delivery: exactly-once for the output file: a crash leaves either no file or the whole
+    one, and re-running replaces it with identical rows.
+    """
+    import pyarrow.parquet as pq
+
+    result = join_tables(read_series(left), read_series(right), time_column, max_gap)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = output.with_name(f".{output.name}.tmp")
+    pq.write_table(result.table, staging)
+    staging.replace(output)
+    return result

@@ -124,6 +124,18 @@ def block_is_intact(
     return crc == header.crc
 
 
+def event_frame(buf: bytes | memoryview, pos: int) -> tuple[str | None, int, int]:
+    """The key of the event frame at `buf[pos:]`, where its payload starts, and its length."""
+    magic, key_len, payload_len = EVENT.unpack_from(buf, pos)
+    if magic != EVENT_MAGIC:
+        msg = f"corrupt event frame at {pos}"
+        raise ValueError(msg)
+    start = pos + EVENT.size
+    if key_len == NO_KEY:
+        return None, start, payload_len
+    return bytes(buf[start : start + key_len]).decode(), start + key_len, payload_len
+
+
 def iter_events(
     body: bytes | memoryview, header: BlockHeader
 ) -> Iterator[tuple[int, int, str | None, bytes]]:

@@ -45,8 +45,9 @@ class SegmentFile:
             existed = self.path.exists()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            if not existed:
-                fsync_dir(self.path.parent)
+            if not existed:  # make the new file's and its new directory's entries durable
+                for directory in (self.path.parent, *list(self.path.parents)[1:3]):
+                    fsync_dir(directory)
         return self._fd
 
     def close(self) -> None:

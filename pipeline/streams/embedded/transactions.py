@@ -2,7 +2,7 @@
 
 Life of a transaction (states in the catalog's `txns` table, synchronous=FULL):
 
-    open --flush--> (events fsynced in txn/<id>/<segment>.body, length+CRC in txn_segments)
+    open --flush--> (events fsynced in txn/<id>.<segment>.body, length+CRC in txn_segments)
     open --commit--> committing --(one block per segment appended)--> committed
     open --abort--> aborted
 
@@ -18,7 +18,6 @@ whole, so a reader sees all of them or none. Across segments the blocks land one
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 import zlib
 from collections import defaultdict
@@ -65,7 +64,10 @@ class EmbeddedTransaction(Transaction):
 
     @property
     def _dir(self) -> Path:
-        return self.store.root / "txn" / self.txn_id
+        return self.store.root / "txn"
+
+    def _body_path(self, segment: int) -> Path:
+        return self._dir / f"{self.txn_id}.{segment}.body"
 
     def state(self) -> TxnState:
         found = self.store.catalog.query_one(
@@ -93,7 +95,9 @@ class EmbeddedTransaction(Transaction):
         if not self._pending:
             return
         self._require_open("take more events")
-        self._dir.mkdir(parents=True, exist_ok=True)
+        if not self._dir.exists():
+            self._dir.mkdir(parents=True, exist_ok=True)
+            fsync_dir(self._dir.parent)
         for segment, frames in sorted(self._pending.items()):
             self._flush_segment(segment, frames)
         self._pending.clear()
@@ -104,7 +108,7 @@ class EmbeddedTransaction(Transaction):
             (self.txn_id, segment),
         )
         body_len, events, crc = found or (0, 0, 0)
-        path = self._dir / f"{segment}.body"
+        path = self._body_path(segment)
         new_file = not path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -174,7 +178,7 @@ class EmbeddedTransaction(Transaction):
                 "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?",
                 (now_ns(), self.txn_id),
             )
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._remove_bodies()
 
     def _land(self, segment: int, header: bytes, body_len: int, appended_at: int | None) -> None:
         """Append this transaction's block to one segment unless an earlier try already did."""
@@ -204,7 +208,7 @@ class EmbeddedTransaction(Transaction):
         if body_len == 0:
             return []
         chunks, pos = [], 0
-        with (self._dir / f"{segment}.body").open("rb") as fh:
+        with self._body_path(segment).open("rb") as fh:
             while pos < body_len:
                 chunk = fh.read(min(BODY_READ_CHUNK, body_len - pos))
                 if not chunk:
@@ -215,11 +219,16 @@ class EmbeddedTransaction(Transaction):
         return chunks
 
     def _mark_done(self, segment: int) -> None:
-        with self.store.catalog.write() as db:
+        # derivable (the block at appended_at names this transaction): no fsync needed
+        with self.store.catalog.write(self.store.catalog.index) as db:
             db.execute(
                 "UPDATE txn_segments SET done=1 WHERE txn_id=? AND segment=?",
                 (self.txn_id, segment),
             )
+
+    def _remove_bodies(self) -> None:
+        for path in self._dir.glob(f"{self.txn_id}.*.body"):
+            path.unlink(missing_ok=True)
 
     def abort(self) -> None:
         with self.store.catalog.write() as db:
@@ -233,4 +242,4 @@ class EmbeddedTransaction(Transaction):
                 (now_ns(), self.txn_id),
             )
         self._pending.clear()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._remove_bodies()

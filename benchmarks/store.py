@@ -1,0 +1,172 @@
+"""Embedded store vs a plain file, side by side in one run, printed as ratios.
+
+    .venv/bin/python benchmarks/store.py [--events 2000] [--batch 16]
+
+1. Durable append of 64 KiB events (about one NIC event of 1000 samples), 1 and 4 writer
+   processes (each its own routing key, a 4-segment stream), one flush per batch; the peer is
+   the same processes writing the same bytes to plain files with one fdatasync per batch.
+2. Transaction commit latency p50/p99 (one 64 KiB event per transaction, begin-write-commit),
+   beside one pwrite+fdatasync of the same bytes.
+3. Bounded read between two cuts (page cache) vs reading the same bytes from a plain file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.streams import open_store  # noqa: E402
+
+EVENT = 64 * 1024
+STREAM = "bench/appends"
+
+
+def sluice_writer(store_dir: str, key: str, events: int, batch: int) -> None:
+    payload = os.urandom(EVENT)
+    with open_store(f"embedded:{store_dir}") as store:
+        writer = store.writer(STREAM)
+        for i in range(events):
+            writer.write(payload, routing_key=key)
+            if (i + 1) % batch == 0:
+                writer.flush()
+        writer.flush()
+
+
+def file_writer(path: str, events: int, batch: int) -> None:
+    payload = os.urandom(EVENT)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        pending = []
+        for i in range(events):
+            pending.append(payload)
+            if (i + 1) % batch == 0:
+                os.writev(fd, pending)
+                os.fdatasync(fd)
+                pending = []
+        if pending:
+            os.writev(fd, pending)
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def run_procs(target, arglists) -> float:
+    procs = [mp.Process(target=target, args=a) for a in arglists]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            msg = f"benchmark process failed with exit code {p.exitcode}"
+            raise RuntimeError(msg)
+    return time.perf_counter() - start
+
+
+def bench_appends(workdir: Path, writers: int, events: int, batch: int) -> tuple[float, float]:
+    store_dir = workdir / f"store-{writers}"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream(STREAM, segments=4)
+    per = events // writers
+    # keys chosen so that 4 writers land on 4 different segments
+    keys = [k for k in (f"sensor-{i}" for i in range(100)) if True]
+    from pipeline.streams.embedded.store import key_position
+
+    by_segment: dict[int, str] = {}
+    for k in keys:
+        by_segment.setdefault(int(key_position(k) * 4), k)
+    chosen = [by_segment[i % 4] for i in range(writers)]
+    t_store = run_procs(
+        sluice_writer, [(str(store_dir), chosen[i], per, batch) for i in range(writers)]
+    )
+    t_file = run_procs(
+        file_writer, [(str(workdir / f"plain-{writers}-{i}"), per, batch) for i in range(writers)]
+    )
+    mb = per * writers * EVENT / 1e6
+    return mb / t_store, mb / t_file
+
+
+def bench_commits(workdir: Path, count: int) -> tuple[list[float], list[float]]:
+    payload = os.urandom(EVENT)
+    with open_store(f"embedded:{workdir / 'txn'}") as store:
+        store.create_stream("bench/txn", segments=1)
+        lat = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            txn = store.begin_transaction("bench/txn")
+            txn.write(payload, routing_key="k")
+            txn.commit()
+            lat.append(time.perf_counter() - t0)
+    fd = os.open(workdir / "plain-latency", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    plain = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        os.write(fd, payload)
+        os.fdatasync(fd)
+        plain.append(time.perf_counter() - t0)
+    os.close(fd)
+    return lat, plain
+
+
+def bench_read(workdir: Path) -> tuple[float, float, int]:
+    store_dir = workdir / "store-4"
+    with open_store(f"embedded:{store_dir}") as store:
+        head, tail = store.head(STREAM), store.tail(STREAM)
+        for _ in range(2):  # warm the page cache, then measure
+            t0 = time.perf_counter()
+            nbytes = sum(len(e.payload) for e in store.read(STREAM, head, tail))
+            t_store = time.perf_counter() - t0
+    plain = sorted(workdir.glob("plain-4-*"))
+    for _ in range(2):
+        t0 = time.perf_counter()
+        total = 0
+        for path in plain:
+            with path.open("rb") as fh:
+                while chunk := fh.read(EVENT):
+                    total += len(chunk)
+        t_file = time.perf_counter() - t0
+    return nbytes / 1e6 / t_store, total / 1e6 / t_file, nbytes
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=2000, help="64 KiB events per run")
+    parser.add_argument("--batch", type=int, default=16, help="events per flush / fsync")
+    parser.add_argument("--commits", type=int, default=300)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("SLUICE_BENCH_DIR")) as tmp:
+        workdir = Path(tmp)
+        print(f"durable append, {EVENT // 1024} KiB events, fsync every {args.batch} events")
+        for writers in (1, 4):
+            ours, peer = bench_appends(workdir, writers, args.events, args.batch)
+            print(
+                f"  {writers} writer(s): sluice {ours:8.1f} MB/s   plain file {peer:8.1f} MB/s"
+                f"   ratio {ours / peer:5.2f}  (goal >= 0.50)"
+            )
+        lat, plain = bench_commits(workdir, args.commits)
+        print(
+            f"transaction commit (begin+write 64 KiB+commit): p50 {pct(lat, 50):.2f} ms"
+            f"  p99 {pct(lat, 99):.2f} ms   plain write+fdatasync p50 {pct(plain, 50):.2f} ms"
+            f"  p99 {pct(plain, 99):.2f} ms   p50 ratio {pct(lat, 50) / pct(plain, 50):.2f}"
+        )
+        ours, peer, nbytes = bench_read(workdir)
+        print(
+            f"bounded read between cuts ({nbytes / 1e6:.0f} MB, page cache): sluice {ours:8.1f}"
+            f" MB/s   plain file {peer:8.1f} MB/s   ratio {ours / peer:5.2f}  (goal >= 0.50)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""`sluice store ...`: create, list, inspect, write, read, cut and truncate streams."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from pipeline.streams import StreamCut, StreamStore, open_store
+from pipeline.streams.api import Retention
+
+FOLLOW_POLL_S = 0.2
+WRITE_FLUSH_EVERY = 1000
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    store = subparsers.add_parser("store", help="manage streams in the stream store")
+    sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+
+    p = sub.add_parser("create", help="create SCOPE/STREAM")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.add_argument("--segments", type=int, default=1)
+    p.add_argument("--retention-bytes", type=int, help="keep at most this many bytes")
+    p.add_argument("--retention-seconds", type=float, help="keep nothing older than this")
+    p.set_defaults(func=cmd_create)
+
+    p = sub.add_parser("list", help="list streams (of one scope)")
+    p.add_argument("scope", nargs="?")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("info", help="JSON: head and tail cuts, segments, bytes, events")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("write", help="append one event per line of standard input")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.add_argument("--routing-key", "-k")
+    p.set_defaults(func=cmd_write)
+
+    p = sub.add_parser("read", help="print one event per line")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.add_argument("--from", dest="start", default="head", metavar="head|tail|CUT")
+    p.add_argument("--to", dest="end", default=None, metavar="tail|CUT")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("cut", help="print the tail cut")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.set_defaults(func=cmd_cut)
+
+    p = sub.add_parser("truncate", help="drop everything before CUT")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.add_argument("cut", metavar="CUT")
+    p.set_defaults(func=cmd_truncate)
+
+    p = sub.add_parser("seal", help="refuse further writes to SCOPE/STREAM")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.set_defaults(func=cmd_seal)
+
+    p = sub.add_parser("delete", help="delete a sealed stream")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p.set_defaults(func=cmd_delete)
+
+
+def resolve_cut(store: StreamStore, stream: str, text: str) -> StreamCut:
+    """`head`, `tail` or a cut's text form, checked against `stream`."""
+    if text == "head":
+        return store.head(stream)
+    if text == "tail":
+        return store.tail(stream)
+    scope, name = stream.split("/", 1)
+    return StreamCut.parse(text).check_stream(scope, name)
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    retention = Retention(args.retention_bytes, args.retention_seconds)
+    with open_store(args.store) as store:
+        created = store.create_stream(args.stream, segments=args.segments, retention=retention)
+    print(f"{'created' if created else 'exists'} {args.stream}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        for name in store.list_streams(args.scope):
+            print(name)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        print(json.dumps(store.info(args.stream).as_dict(), indent=2))
+    return 0
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    count = 0
+    with open_store(args.store) as store, store.writer(args.stream) as writer:
+        for line in sys.stdin.buffer:
+            writer.write(line.rstrip(b"\r\n"), routing_key=args.routing_key)
+            count += 1
+            if count % WRITE_FLUSH_EVERY == 0:
+                writer.flush()
+    print(f"wrote {count} events to {args.stream}", file=sys.stderr)
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    with open_store(args.store) as store:
+        start = resolve_cut(store, args.stream, args.start)
+        while True:
+            end = resolve_cut(store, args.stream, args.end or "tail")
+            for event in store.read(args.stream, start, end):
+                out.write(event.payload + b"\n")
+            out.flush()
+            if not args.follow or args.end:
+                return 0
+            start = end
+            time.sleep(FOLLOW_POLL_S)
+
+
+def cmd_cut(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        print(store.tail(args.stream).text)
+    return 0
+
+
+def cmd_truncate(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        store.truncate(resolve_cut(store, args.stream, args.cut))
+        print(f"truncated {args.stream}; head is now {store.head(args.stream).text}")
+    return 0
+
+
+def cmd_seal(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        store.seal_stream(args.stream)
+    print(f"sealed {args.stream}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        store.delete_stream(args.stream)
+    print(f"deleted {args.stream}")
+    return 0

@@ -1,0 +1,59 @@
+"""`sluice store ...` as a user runs it: a real subprocess, real files, one line per error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sluice(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLUICE_STORE": f"embedded:{tmp_path / 's'}"}
+
+    def run(*args: str, stdin: str = "", ok: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", *args],
+            input=stdin, capture_output=True, text=True, env=env, check=False, timeout=60,
+        )
+        assert (proc.returncode == 0) == ok, proc.stderr
+        return proc
+
+    return run
+
+
+def test_round_trip(sluice):
+    sluice("store", "create", "site/net", "--segments", "2")
+    sluice("store", "write", "site/net", "--routing-key", "eth0", stdin="a\nb\nc\n")
+    assert sluice("store", "read", "site/net").stdout == "a\nb\nc\n"
+    cut = sluice("store", "cut", "site/net").stdout.strip()
+    sluice("store", "write", "site/net", "-k", "eth0", stdin="d\n")
+    assert sluice("store", "read", "site/net", "--from", cut).stdout == "d\n"
+    assert sluice("store", "read", "site/net", "--to", cut).stdout == "a\nb\nc\n"
+    info = json.loads(sluice("store", "info", "site/net").stdout)
+    assert info["events"] == 4 and len(info["segments"]) == 2 and info["tail"].startswith("v1~")
+    assert sluice("store", "list").stdout.split() == ["site/net"]
+    sluice("store", "truncate", "site/net", cut)
+    assert sluice("store", "read", "site/net").stdout == "d\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("store", "info", "site/missing"), "stream site/missing does not exist"),
+        (("store", "create", "../etc/passwd"), "invalid stream name"),
+        (("store", "read", "site/net", "--from", "v1~x"), "invalid stream cut"),
+        (("store", "read", "site/net", "--from", "v1~other~s~0-0"), "is a cut of stream other/s"),
+    ],
+)
+def test_errors_are_one_clear_line(sluice, args, message):
+    sluice("store", "create", "site/net")
+    proc = sluice(*args, ok=False)
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

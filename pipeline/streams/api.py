@@ -8,6 +8,7 @@ and checked by `tests/streams/test_contract.py` against each backend.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,18 @@ class Retention:
 
 
 @dataclass(frozen=True, slots=True)
+class ScalingPolicy:
+    """Pravega-style auto-scaling: split a segment whose rate exceeds `target` per second
+    (events, or KiB when `kind` is "kbytes_per_second") into `scale_factor` parts; merge two
+    neighbours that together stay under half the target. Never fewer than `min_segments`."""
+
+    kind: Literal["events_per_second", "kbytes_per_second"]
+    target: float
+    scale_factor: int = 2
+    min_segments: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentInfo:
     segment: int
     key_range: tuple[float, float]
@@ -71,6 +84,15 @@ class StreamInfo:
     @property
     def events(self) -> int:
         return sum(s.events for s in self.segments)
+
+    def segment(self, number: int) -> SegmentInfo:
+        for s in self.segments:
+            if s.segment == number:
+                return s
+        from pipeline.streams.errors import InvalidCut
+
+        msg = f"{self.scope}/{self.stream} has no segment {number}"
+        raise InvalidCut(text=str(number), reason=msg)
 
     @property
     def bytes(self) -> int:
@@ -308,6 +330,36 @@ class StreamStore(ABC):
     @abstractmethod
     def apply_retention(self, stream: str, now_ns: int | None = None) -> StreamCut | None:
         """Truncate by the stream's retention policy; return the cut used, if any."""
+
+    # --- scaling ------------------------------------------------------------------------
+    def scale(self, stream: str, seal: list[int], ranges: list[tuple[float, float]]) -> list[int]:
+        """Seal `seal` and create segments for `ranges`, which must cover exactly the key
+        space the sealed ones covered. Returns the new segment numbers. Readers read a sealed
+        segment to its end before its successors, so per-key order holds across the change."""
+        from pipeline.streams.errors import Unsupported
+
+        raise Unsupported(type(self).__name__, "scale segments", "scale with the cluster's tools")
+
+    def split_segment(self, stream: str, segment: int, parts: int = 2) -> list[int]:
+        """Split one segment's key range into `parts` equal new segments."""
+        lo, hi = self.info(stream).segment(segment).key_range
+        step = (hi - lo) / parts
+        bounds = [lo + step * i for i in range(parts)] + [hi]
+        return self.scale(stream, [segment], list(itertools.pairwise(bounds)))
+
+    def merge_segments(self, stream: str, segments: list[int]) -> int:
+        """Merge segments with adjacent key ranges into one."""
+        info = self.info(stream)
+        ranges = sorted(info.segment(s).key_range for s in segments)
+        return self.scale(stream, segments, [(ranges[0][0], ranges[-1][1])])[0]
+
+    def auto_scale(
+        self, stream: str, policy: ScalingPolicy, window_seconds: float = 60.0
+    ) -> list[int]:
+        """Apply `policy` to the rates of the last `window_seconds`; return new segments."""
+        from pipeline.streams.errors import Unsupported
+
+        raise Unsupported(type(self).__name__, "auto-scale", "set a scaling policy on the stream")
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold no handles
         """Release handles; the store stays usable by other processes."""

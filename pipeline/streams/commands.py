@@ -7,8 +7,9 @@ import json
 import sys
 import time
 
+from pipeline.errors import SluiceError
 from pipeline.streams import StreamCut, StreamStore, open_store
-from pipeline.streams.api import Retention
+from pipeline.streams.api import Retention, ScalingPolicy
 
 FOLLOW_POLL_S = 0.2
 WRITE_FLUSH_EVERY = 1000
@@ -53,6 +54,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("stream", metavar="SCOPE/STREAM")
     p.add_argument("cut", metavar="CUT")
     p.set_defaults(func=cmd_truncate)
+
+    p = sub.add_parser("scale", help="split a hot segment, merge cold ones, or apply a policy")
+    p.add_argument("stream", metavar="SCOPE/STREAM")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--split", type=int, metavar="SEGMENT")
+    how.add_argument("--merge", metavar="A,B", help="neighbouring segments to merge")
+    how.add_argument(
+        "--auto",
+        metavar="KIND:TARGET",
+        help="events_per_second:N or kbytes_per_second:N over the last --window seconds",
+    )
+    p.add_argument("--parts", type=int, default=2, help="segments a split makes (default 2)")
+    p.add_argument("--window", type=float, default=60.0)
+    p.set_defaults(func=cmd_scale)
 
     p = sub.add_parser("seal", help="refuse further writes to SCOPE/STREAM")
     p.add_argument("stream", metavar="SCOPE/STREAM")
@@ -131,6 +146,25 @@ def cmd_truncate(args: argparse.Namespace) -> int:
     with open_store(args.store) as store:
         store.truncate(resolve_cut(store, args.stream, args.cut))
         print(f"truncated {args.stream}; head is now {store.head(args.stream).text}")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        if args.split is not None:
+            created = store.split_segment(args.stream, args.split, args.parts)
+        elif args.merge:
+            segments = [int(s) for s in args.merge.split(",") if s.strip()]
+            created = [store.merge_segments(args.stream, segments)]
+        else:
+            kind, _, target = args.auto.partition(":")
+            if kind not in ("events_per_second", "kbytes_per_second") or not target:
+                msg = f"--auto takes events_per_second:N or kbytes_per_second:N, not {args.auto!r}"
+                raise SluiceError(msg)
+            policy = ScalingPolicy(kind, float(target))  # type: ignore[arg-type]
+            created = store.auto_scale(args.stream, policy, args.window)
+        active = [s.segment for s in store.info(args.stream).segments if not s.sealed]
+    print(f"created segments {created or 'none'}; active segments {active}")
     return 0
 
 

@@ -20,7 +20,12 @@ def sluice(tmp_path):
     def run(*args: str, stdin: str = "", ok: bool = True) -> subprocess.CompletedProcess:
         proc = subprocess.run(
             [sys.executable, "-m", "pipeline.cli", *args],
-            input=stdin, capture_output=True, text=True, env=env, check=False, timeout=60,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=60,
         )
         assert (proc.returncode == 0) == ok, proc.stderr
         return proc
@@ -41,6 +46,17 @@ def test_round_trip(sluice):
     assert sluice("store", "list").stdout.split() == ["site/net"]
     sluice("store", "truncate", "site/net", cut)
     assert sluice("store", "read", "site/net").stdout == "d\n"
+
+
+def test_scale(sluice):
+    sluice("store", "create", "site/hot")
+    sluice("store", "write", "site/hot", "-k", "a", stdin="1\n2\n")
+    assert "created segments [1, 2]" in sluice("store", "scale", "site/hot", "--split", "0").stdout
+    sluice("store", "write", "site/hot", "-k", "a", stdin="3\n")
+    assert sluice("store", "read", "site/hot").stdout == "1\n2\n3\n"
+    assert "active segments [3]" in sluice("store", "scale", "site/hot", "--merge", "1,2").stdout
+    proc = sluice("store", "scale", "site/hot", "--auto", "bogus", ok=False)
+    assert "--auto takes" in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,16 @@ def event_frame(buf: bytes | memoryview, pos: int) -> tuple[str | None, int, int
     return bytes(buf[start : start + key_len]).decode(), start + key_len, payload_len
 
 
+def iter_frames(body: bytes | memoryview) -> Iterator[tuple[str | None, bytes]]:
+    """Yield `(key, frame)` for each event frame of a body, the frame as stored."""
+    pos = 0
+    while pos < len(body):
+        key, payload_at, payload_len = event_frame(body, pos)
+        end = payload_at + payload_len
+        yield key, bytes(body[pos:end])
+        pos = end
+
+
 def iter_events(
     body: bytes | memoryview, header: BlockHeader
 ) -> Iterator[tuple[int, int, str | None, bytes]]:

@@ -11,6 +11,7 @@ committed are read again by the segment's next owner. A consumer that stores its
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 
 from pipeline.streams.api import Event, EventReader, ReaderGroup
@@ -107,14 +108,34 @@ class EmbeddedReader(EventReader):
         self._positions: dict[int, int] = {}
 
     def _rebalance(self) -> None:
-        """Heartbeat, then release or acquire segments to hold a fair share."""
+        """Heartbeat, then release or acquire segments to hold a fair share of the ready ones.
+
+        A segment is done when it is sealed and the group's committed position is its tail; it
+        is ready when it is not done and all its predecessors are (per-key order across a
+        scale). Segments created by a scale after the group started join at their beginning.
+        """
+        from pipeline.streams.embedded.scaling import predecessors
+
         now = now_ns()
         dead_before = now - int(READER_TIMEOUT_S * 1e9)
-        name, me = self.group.name, self.reader_id
+        name, me, row = self.group.name, self.reader_id, self.group.row
+        sealed = {
+            seg: self.store.catch_up(row, seg)
+            for seg, flag in self.store.catalog.query(
+                "SELECT segment, sealed FROM segments WHERE stream_id=?", (row.id,)
+            )
+            if flag
+        }
+        preds = predecessors(self.store, row)
         with self.store.catalog.write() as db:
             db.execute(
                 "UPDATE rg_readers SET heartbeat_ns=? WHERE group_name=? AND reader_id=?",
                 (now, name, me),
+            )
+            db.execute(
+                "INSERT OR IGNORE INTO rg_positions(group_name, segment, offset)"
+                " SELECT ?, segment, head FROM segments WHERE stream_id=?",
+                (name, row.id),
             )
             live = {
                 r
@@ -128,26 +149,34 @@ class EmbeddedReader(EventReader):
                 " ORDER BY segment",
                 (name,),
             ).fetchall()
-            fair = math.ceil(len(rows) / len(live))
-            mine = [seg for seg, _, owner in rows if owner == me]
+            done = {seg for seg, off, _ in rows if seg in sealed and off >= sealed[seg]}
+            ready = [
+                (seg, off, owner)
+                for seg, off, owner in rows
+                if seg not in done and all(p in done for p in preds.get(seg, []))
+            ]
+            for seg in [s for s in self._positions if s in done]:
+                self._release(db, seg)
+            fair = math.ceil(len(ready) / len(live)) if ready else 0
+            mine = [seg for seg, _, owner in ready if owner == me]
             for seg in mine[fair:]:
                 self._release(db, seg)
-            free = [seg for seg, _, owner in rows if owner is None or owner not in live]
-            for seg, off, _ in rows:
-                if seg in free and len(self._positions) < fair:
+            for seg, off, owner in ready:
+                free = owner is None or owner not in live
+                if free and len(self._positions) < fair:
                     db.execute(
                         "UPDATE rg_positions SET owner=? WHERE group_name=? AND segment=?",
                         (me, name, seg),
                     )
                     self._positions[seg] = off
 
-    def _release(self, db, segment: int) -> None:
-        offset = self._positions.pop(segment, None)
-        if offset is not None:
-            db.execute(
-                "UPDATE rg_positions SET offset=?, owner=NULL WHERE group_name=? AND segment=?",
-                (offset, self.group.name, segment),
-            )
+    def _release(self, db: sqlite3.Cursor, segment: int) -> None:
+        """Give a segment back; its next owner starts from the committed position."""
+        self._positions.pop(segment, None)
+        db.execute(
+            "UPDATE rg_positions SET owner=NULL WHERE group_name=? AND segment=? AND owner=?",
+            (self.group.name, segment, self.reader_id),
+        )
 
     def read(self, max_events: int = 1000, timeout: float = 0.0) -> list[Event]:
         deadline = time.monotonic() + timeout
@@ -175,6 +204,8 @@ class EmbeddedReader(EventReader):
             )
 
     def close(self) -> None:
+        """Commit the positions read so far, then leave the group."""
+        self.commit()
         with self.store.catalog.write() as db:
             for seg in list(self._positions):
                 self._release(db, seg)

@@ -21,6 +21,7 @@ from pipeline.streams.api import (
     EventWriter,
     ReaderGroup,
     Retention,
+    ScalingPolicy,
     SegmentInfo,
     StreamInfo,
     StreamStore,
@@ -430,11 +431,12 @@ class EmbeddedStore(StreamStore):
         row = self.stream_row(stream)
         start = as_cut(start).check_stream(row.scope, row.name) if start else self.head(stream)
         end = as_cut(end).check_stream(row.scope, row.name) if end else self.tail(stream)
+        # A segment a cut does not name was created after the cut (by scaling): everything in
+        # it comes after that cut, so its position in that cut is its beginning.
         starts, ends = start.segments, end.segments
         for seg in sorted(set(starts) | set(ends)):
-            if seg not in starts or seg not in ends:
-                text = start.text if seg not in starts else end.text
-                raise InvalidCut(text, f"it has no position for segment {seg} of {row.qualified}")
+            starts.setdefault(seg, self._segment_head(row, seg))
+            ends.setdefault(seg, self._segment_head(row, seg))
             if ends[seg] < starts[seg]:
                 raise InvalidCut(end.text, f"it is before the start cut in segment {seg}")
             yield from self.read_segment(stream, seg, starts[seg], ends[seg])
@@ -555,6 +557,25 @@ class EmbeddedStore(StreamStore):
             if b.offset >= start + step * (len(points) + 1) and b.offset < end:
                 points.append(b.offset)
         return points
+
+    # --- scaling ------------------------------------------------------------------------
+    def scale(self, stream: str, seal: list[int], ranges: list[tuple[float, float]]) -> list[int]:
+        from pipeline.streams.embedded import scaling
+
+        return scaling.scale(self, self.stream_row(stream), list(seal), list(ranges))
+
+    def auto_scale(
+        self, stream: str, policy: ScalingPolicy, window_seconds: float = 60.0
+    ) -> list[int]:
+        from pipeline.streams.embedded import scaling
+
+        return scaling.auto_scale(self, self.stream_row(stream), policy, window_seconds)
+
+    def segment_sealed(self, row: StreamRow, segment: int) -> bool:
+        found = self.catalog.query_one(
+            "SELECT sealed FROM segments WHERE stream_id=? AND segment=?", (row.id, segment)
+        )
+        return bool(found and found[0])
 
     # --- reader groups ------------------------------------------------------------------
     def reader_group(self, name: str, stream: str, start: StreamCut | None = None) -> ReaderGroup:

@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pipeline.streams.api import Transaction, TxnState
-from pipeline.streams.embedded.blocks import encode_header, parse_header
+from pipeline.streams.embedded.blocks import encode_header, iter_frames, parse_header
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.segment import fsync_dir
 from pipeline.streams.embedded.store import EmbeddedStore, StreamRow
@@ -89,6 +89,8 @@ class EmbeddedTransaction(Transaction):
 
     def write(self, payload: bytes, routing_key: str | None = None) -> None:
         frame = self.store.encode(payload, routing_key)
+        if not self._active:
+            self.store.check_writable(self.row)
         self._pending[self.store.route(self._active, routing_key)].append(frame)
 
     def flush(self) -> None:
@@ -103,6 +105,11 @@ class EmbeddedTransaction(Transaction):
         self._pending.clear()
 
     def _flush_segment(self, segment: int, frames: list[bytes]) -> None:
+        self._record([self._write_body(segment, frames)])
+
+    def _write_body(self, segment: int, frames: list[bytes]) -> tuple[int, int, int, int]:
+        """Append frames past the recorded length of a body file and fsync them; return the
+        row (segment, length, events, crc) that makes them part of the transaction."""
         found = self.store.catalog.query_one(
             "SELECT body_len, events, body_crc FROM txn_segments WHERE txn_id=? AND segment=?",
             (self.txn_id, segment),
@@ -120,19 +127,45 @@ class EmbeddedTransaction(Transaction):
             os.close(fd)
         if new_file:
             fsync_dir(self._dir)
+        return segment, body_len + len(data), events + len(frames), zlib.crc32(data, crc)
+
+    def _record(self, rows: list[tuple[int, int, int, int]], drop: tuple[int, ...] = ()) -> None:
         with self.store.catalog.write() as db:
-            db.execute(
+            db.executemany(
                 "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET body_len=excluded.body_len,"
                 " events=excluded.events, body_crc=excluded.body_crc",
-                (
-                    self.txn_id,
-                    segment,
-                    body_len + len(data),
-                    events + len(frames),
-                    zlib.crc32(data, crc),
-                ),
+                [(self.txn_id, *row) for row in rows],
             )
+            db.executemany(
+                "DELETE FROM txn_segments WHERE txn_id=? AND segment=?",
+                [(self.txn_id, seg) for seg in drop],
+            )
+
+    def _rebase(self) -> None:
+        """Move events routed to segments sealed since (by a scale) onto their successors.
+
+        The moved frames are written past the recorded ends of the successors' bodies first;
+        one catalog transaction then adopts them and drops the sealed segments' rows, so a
+        crash in between leaves the transaction as it was."""
+        rows = self.store.catalog.query(
+            "SELECT segment, body_len FROM txn_segments WHERE txn_id=?", (self.txn_id,)
+        )
+        sealed = [(s, n) for s, n in rows if self.store.segment_sealed(self.row, s)]
+        if not sealed:
+            return
+        self._active = self.store.segments(self.row, active_only=True)
+        moved: dict[int, list[bytes]] = defaultdict(list)
+        for segment, body_len in sealed:
+            body = b"".join(self._body(segment, body_len))
+            for key, frame in iter_frames(body):
+                moved[self.store.route(self._active, key)].append(frame)
+        self._record(
+            [self._write_body(s, frames) for s, frames in sorted(moved.items())],
+            drop=tuple(s for s, _ in sealed),
+        )
+        for segment, _ in sealed:
+            self._body_path(segment).unlink(missing_ok=True)
 
     def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
         state = self.state()
@@ -142,16 +175,32 @@ class EmbeddedTransaction(Transaction):
             self.flush()
             self._require_open("be committed")
             self.store.check_writable(self.row)
-            t_min, t_max = time_bounds if time_bounds is not None else (None, None)
-            with self.store.catalog.write() as db:
-                db.execute(
-                    "UPDATE txns SET state='committing', ingest_ns=?, t_min=?, t_max=?"
-                    " WHERE txn_id=? AND state='open'",
-                    (now_ns(), t_min, t_max, self.txn_id),
-                )
+            while not self._mark_committing(time_bounds):
+                self._rebase()
         elif state != "committing":
             raise TxnFailed(self.txn_id, state, f"it was {state}")
         self._roll_forward()
+
+    def _mark_committing(self, time_bounds: tuple[int, int] | None) -> bool:
+        """Enter `committing` unless a target segment is sealed (then rebase first).
+
+        One catalog transaction, so a concurrent scale either seals first (and we rebase) or
+        sees us committing (and refuses to seal a segment we are landing in)."""
+        t_min, t_max = time_bounds if time_bounds is not None else (None, None)
+        with self.store.catalog.write() as db:
+            sealed = db.execute(
+                "SELECT COUNT(*) FROM txn_segments ts JOIN segments s"
+                " ON s.stream_id=? AND s.segment=ts.segment WHERE ts.txn_id=? AND s.sealed=1",
+                (self.row.id, self.txn_id),
+            ).fetchone()[0]
+            if sealed:
+                return False
+            db.execute(
+                "UPDATE txns SET state='committing', ingest_ns=?, t_min=?, t_max=?"
+                " WHERE txn_id=? AND state='open'",
+                (now_ns(), t_min, t_max, self.txn_id),
+            )
+        return True
 
     def _roll_forward(self) -> None:
         ingest_ns, t_min, t_max = self.store.catalog.query_one(

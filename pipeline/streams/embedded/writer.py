@@ -17,6 +17,8 @@ from pipeline.streams.embedded.blocks import encode_header
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.store import WRITER_AUTOFLUSH_BYTES, EmbeddedStore, StreamRow
 
+Pending = tuple[int, str | None, bytes]  # event number, routing key, encoded frame
+
 
 class EmbeddedWriter(EventWriter):
     def __init__(self, store: EmbeddedStore, row: StreamRow, writer_id: str | None) -> None:
@@ -25,7 +27,7 @@ class EmbeddedWriter(EventWriter):
             raise ValueError(msg)
         self.store, self.row, self.writer_id = store, row, writer_id
         self._active = store.segments(row, active_only=True)
-        self._pending: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        self._pending: dict[int, list[Pending]] = defaultdict(list)
         self._pending_bytes = 0
         self._last = self.last_event_number() if writer_id is not None else 0
 
@@ -53,7 +55,7 @@ class EmbeddedWriter(EventWriter):
             msg = "event numbers need a writer id: open the writer with writer_id=..."
             raise ValueError(msg)
         self._last = max(self._last, event_number)
-        self._pending[segment].append((event_number, frame))
+        self._pending[segment].append((event_number, routing_key, frame))
         self._pending_bytes += len(frame)
         if self._pending_bytes >= WRITER_AUTOFLUSH_BYTES:
             self.flush()
@@ -62,21 +64,33 @@ class EmbeddedWriter(EventWriter):
         if not self._pending:
             return
         self.store.check_writable(self.row)
-        for segment in sorted(self._pending):
-            self._flush_segment(segment, self._pending[segment])
-        self._pending.clear()
+        while self._pending:
+            segment = min(self._pending)
+            moved = self._flush_segment(segment, self._pending.pop(segment))
+            if moved:  # the segment was sealed by a scale: its successors take the events
+                self._active = self.store.segments(self.row, active_only=True)
+                if not self._active:
+                    self.store.check_writable(self.row)
+                rerouted: dict[int, list[Pending]] = defaultdict(list)
+                for event in moved:
+                    rerouted[self.store.route(self._active, event[1])].append(event)
+                for target, events in rerouted.items():
+                    self._pending[target][:0] = events  # older than anything pending there
         self._pending_bytes = 0
 
-    def _flush_segment(self, segment: int, events: list[tuple[int, bytes]]) -> None:
+    def _flush_segment(self, segment: int, events: list[Pending]) -> list[Pending]:
+        """Append `events` as one block; return them instead if the segment is sealed."""
         segfile = self.store.segment_file(self.row, segment)
         with segfile.locked():
+            if self.store.segment_sealed(self.row, segment):
+                return events
             if self.writer_id is not None:
                 self.store.catch_up(self.row, segment)
                 stored = self.store.writer_position(self.row, segment, self.writer_id)
-                events = [(n, f) for n, f in events if n > stored]
+                events = [e for e in events if e[0] > stored]
                 if not events:
-                    return
-            frames = [f for _, f in events]
+                    return []
+            frames = [f for _, _, f in events]
             crc = 0
             for f in frames:
                 crc = zlib.crc32(f, crc)
@@ -85,7 +99,8 @@ class EmbeddedWriter(EventWriter):
                 body_len=sum(len(f) for f in frames),
                 events=len(frames),
                 ingest_ns=now_ns(),
-                last_event_number=max(n for n, _ in events) if self.writer_id else 0,
+                last_event_number=max(e[0] for e in events) if self.writer_id else 0,
                 meta=b"w" + self.writer_id.encode() if self.writer_id else b"",
             )
             self.store.append_block(self.row, segment, header, frames)
+        return []

@@ -1,0 +1,144 @@
+"""Scaling the segments of an embedded stream: split hot ones, merge cold ones.
+
+A scale seals some segments and creates successors that cover exactly the same key range;
+`segment_predecessors` records who came from whom. Per-key order holds because:
+- appends: a writer checks, under the segment's lock, that the segment is not sealed, and
+  re-routes its events to the successors if it is (the seal itself takes the same locks);
+- transactions: a transaction whose events were routed to a segment sealed since is rebased
+  onto the successors when it commits (its events re-routed by key, before it is `committing`);
+- reads: successors have higher numbers and bounded reads go in ascending segment order; reader
+  groups hand out a successor only once every predecessor is sealed and read to its end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from contextlib import ExitStack
+
+from pipeline.streams.api import ScalingPolicy
+from pipeline.streams.embedded.store import EmbeddedStore, StreamRow
+from pipeline.streams.errors import InvalidCut, StreamSealed
+
+EPSILON = 1e-12
+
+
+def scale(
+    store: EmbeddedStore, row: StreamRow, seal: list[int], ranges: list[tuple[float, float]]
+) -> list[int]:
+    active = {seg: (lo, hi) for seg, lo, hi in store.segments(row, active_only=True)}
+    if store.is_sealed(row):
+        raise StreamSealed(row.scope, row.name)
+    for seg in seal:
+        if seg not in active:
+            msg = f"segment {seg} of {row.qualified} is not an active segment"
+            raise InvalidCut(text=str(seg), reason=msg)
+    _check_cover(row, [active[s] for s in seal], ranges)
+    with ExitStack() as locks:
+        for seg in sorted(seal):  # block appends to the sealed segments while they change
+            locks.enter_context(store.segment_file(row, seg).locked())
+        with store.catalog.write() as db:
+            busy = db.execute(
+                "SELECT COUNT(*) FROM txn_segments ts JOIN txns t USING (txn_id)"
+                " WHERE t.stream_id=? AND t.state='committing' AND ts.done=0"
+                f" AND ts.segment IN ({','.join('?' * len(seal))})",
+                (row.id, *seal),
+            ).fetchone()[0]
+            if busy:
+                msg = "a transaction is landing in these segments right now; try again"
+                raise InvalidCut(text=",".join(map(str, seal)), reason=msg)
+            first = db.execute(
+                "SELECT MAX(segment) + 1 FROM segments WHERE stream_id=?", (row.id,)
+            ).fetchone()[0]
+            created = list(range(first, first + len(ranges)))
+            db.executemany(
+                "UPDATE segments SET sealed=1 WHERE stream_id=? AND segment=?",
+                [(row.id, s) for s in seal],
+            )
+            db.executemany(
+                "INSERT INTO segments(stream_id, segment, key_lo, key_hi) VALUES (?, ?, ?, ?)",
+                [(row.id, seg, lo, hi) for seg, (lo, hi) in zip(created, ranges, strict=True)],
+            )
+            db.executemany(
+                "INSERT INTO segment_predecessors(stream_id, segment, predecessor)"
+                " VALUES (?, ?, ?)",
+                [
+                    (row.id, new, old)
+                    for new, (lo, hi) in zip(created, ranges, strict=True)
+                    for old in seal
+                    if active[old][0] < hi - EPSILON and lo < active[old][1] - EPSILON
+                ],
+            )
+    return created
+
+
+def _check_cover(
+    row: StreamRow, old: list[tuple[float, float]], new: list[tuple[float, float]]
+) -> None:
+    """The new ranges must tile exactly the key space of the old ones."""
+
+    def tiles(ranges: list[tuple[float, float]]) -> tuple[float, float] | None:
+        ranges = sorted(ranges)
+        for (_, hi), (lo, _) in itertools.pairwise(ranges):
+            if abs(hi - lo) > EPSILON:
+                return None
+        return (ranges[0][0], ranges[-1][1]) if ranges else None
+
+    span_old, span_new = tiles(old), tiles(new)
+    if (
+        not new
+        or span_old is None
+        or span_new is None
+        or any(lo >= hi for lo, hi in new)
+        or (abs(span_old[0] - span_new[0]) > EPSILON or abs(span_old[1] - span_new[1]) > EPSILON)
+    ):
+        msg = (
+            f"new key ranges {new} must exactly cover {sorted(old)} of {row.qualified}"
+            " (merge only neighbours)"
+        )
+        raise InvalidCut(text=str(new), reason=msg)
+
+
+def predecessors(store: EmbeddedStore, row: StreamRow) -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    for seg, pred in store.catalog.query(
+        "SELECT segment, predecessor FROM segment_predecessors WHERE stream_id=?", (row.id,)
+    ):
+        found.setdefault(seg, []).append(pred)
+    return found
+
+
+def auto_scale(
+    store: EmbeddedStore,
+    row: StreamRow,
+    policy: ScalingPolicy,
+    window_seconds: float,
+    now_ns: int | None = None,
+) -> list[int]:
+    """Split segments whose recent rate exceeds the target; merge cold neighbour pairs."""
+    now_ns = now_ns or time.time_ns()
+    since = now_ns - int(window_seconds * 1e9)
+    active = store.segments(row, active_only=True)
+    rates = {}
+    for seg, _, _ in active:
+        store.catch_up(row, seg)
+        events, size = store.catalog.index.execute(
+            "SELECT COALESCE(SUM(events), 0), COALESCE(SUM(length), 0) FROM blocks"
+            " WHERE stream_id=? AND segment=? AND ingest_ns>=?",
+            (row.id, seg, since),
+        ).fetchone()
+        amount = events if policy.kind == "events_per_second" else size / 1024
+        rates[seg] = amount / window_seconds
+    created: list[int] = []
+    for seg, _, _ in active:
+        if rates[seg] > policy.target:
+            created += store.split_segment(row.qualified, seg, policy.scale_factor)
+    if created:
+        return created
+    count = len(active)
+    for (a, _, a_hi), (b, b_lo, _) in itertools.pairwise(active):
+        adjacent = abs(a_hi - b_lo) <= EPSILON
+        if adjacent and count > policy.min_segments and rates[a] + rates[b] < policy.target / 2:
+            created.append(store.merge_segments(row.qualified, [a, b]))
+            break
+    return created

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.streams import open_store  # noqa: E402
+from pipeline.streams import open_store
 
 EVENT = 64 * 1024
 STREAM = "bench/appends"
@@ -71,22 +71,27 @@ def run_procs(target, arglists) -> float:
     return time.perf_counter() - start
 
 
-def bench_appends(workdir: Path, writers: int, events: int, batch: int) -> tuple[float, float]:
-    store_dir = workdir / f"store-{writers}"
-    with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream(STREAM, segments=4)
-    per = events // writers
-    # keys chosen so that 4 writers land on 4 different segments
-    keys = [k for k in (f"sensor-{i}" for i in range(100)) if True]
+def keys_for_segments(segments: int) -> list[str]:
+    """One routing key per segment of an evenly split stream."""
     from pipeline.streams.embedded.store import key_position
 
     by_segment: dict[int, str] = {}
-    for k in keys:
-        by_segment.setdefault(int(key_position(k) * 4), k)
-    chosen = [by_segment[i % 4] for i in range(writers)]
-    t_store = run_procs(
-        sluice_writer, [(str(store_dir), chosen[i], per, batch) for i in range(writers)]
-    )
+    for k in (f"sensor-{i}" for i in range(1000)):
+        by_segment.setdefault(int(key_position(k) * segments), k)
+    return [by_segment[i] for i in range(segments)]
+
+
+def sluice_appends(store_dir: Path, writers: int, segments: int, per: int, batch: int) -> float:
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream(STREAM, segments=segments)
+    keys = keys_for_segments(4)  # 4 distinct keys: on 4 segments, or all on 1
+    args = [(str(store_dir), keys[i % 4], per, batch) for i in range(writers)]
+    return run_procs(sluice_writer, args)
+
+
+def bench_appends(workdir: Path, writers: int, events: int, batch: int) -> tuple[float, float]:
+    per = events // writers
+    t_store = sluice_appends(workdir / f"store-{writers}", writers, 4, per, batch)
     t_file = run_procs(
         file_writer, [(str(workdir / f"plain-{writers}-{i}"), per, batch) for i in range(writers)]
     )
@@ -155,6 +160,14 @@ def main() -> None:
                 f"  {writers} writer(s): sluice {ours:8.1f} MB/s   plain file {peer:8.1f} MB/s"
                 f"   ratio {ours / peer:5.2f}  (goal >= 0.50)"
             )
+        per = args.events // 4
+        one = sluice_appends(workdir / "seg-1", 4, 1, per, args.batch)
+        four = sluice_appends(workdir / "seg-4", 4, 4, per, args.batch)
+        mb = per * 4 * EVENT / 1e6
+        print(
+            f"4 writers into 1 segment {mb / one:8.1f} MB/s   into 4 segments {mb / four:8.1f}"
+            f" MB/s   ratio 4/1 {one / four:5.2f}"
+        )
         lat, plain = bench_commits(workdir, args.commits)
         print(
             f"transaction commit (begin+write 64 KiB+commit): p50 {pct(lat, 50):.2f} ms"

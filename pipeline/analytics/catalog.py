@@ -1,0 +1,302 @@
+"""The analysts' DuckDB database: views over every file Sluice writes, by absolute path.
+
+`$SLUICE_HOME/analytics.duckdb` holds views only (no copied data), so it stays small and
+always current, and it opens in the plain `duckdb` package with no Sluice import:
+
+    duckdb.connect("/home/me/.sluice/analytics.duckdb").sql("SELECT * FROM rates LIMIT 5")
+
+Views (refreshed by `refresh`, which `sluice sql` and `sluice plot` call first):
+
+- `samples` (all exports, with a `stream` column) and `<scope>_<stream>` (one export):
+  exported samples from the hive-partitioned Parquet, `date` and `hour` columns included;
+- `rates` and `<scope>_<stream>_rates`: per-sample rx/tx Mbit/s of NIC exports (`rates.py`);
+- `quarantine` and `<scope>_<stream>_quarantine`: events the export refused, with reasons;
+- `slices`: every slice of the slices stream (a Parquet snapshot taken at refresh);
+- `lineage`: one row per replay run: slice, cuts, counts, model and code version, paths;
+- `replays`: every replay's result rows, tagged with `slice_id`, `model`, `model_version`.
+
+A view over files that do not exist yet would fail when queried, so a source with no files
+gets an empty view with the declared columns instead; the next refresh points it at files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import duckdb
+
+from pipeline.analytics.rates import NIC_COLUMNS, rates_sql
+from pipeline.errors import SluiceError
+from pipeline.jobs.replay import LineageRecord
+from pipeline.jobs.slices import SliceRecord
+
+_SQL_TYPES = {int: "BIGINT", "int": "BIGINT", str: "VARCHAR", "str": "VARCHAR"}
+QUARANTINE_COLUMNS = {
+    "_segment": "BIGINT",
+    "_offset": "BIGINT",
+    "reason": "VARCHAR",
+    "payload": "BLOB",
+}
+
+
+class AnalyticsError(SluiceError):
+    """The analytics database cannot be built or queried as asked."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what, self.reason = what, reason
+        msg = f"{what}: {reason}"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticsPaths:
+    """Where analytics reads and writes, all under one Sluice home."""
+
+    home: Path
+
+    @property
+    def database(self) -> Path:
+        return self.home / "analytics.duckdb"
+
+    @property
+    def slices_snapshot(self) -> Path:
+        return self.home / "analytics" / "slices.parquet"
+
+    @property
+    def lineage_dir(self) -> Path:
+        return self.home / "lineage"
+
+    @property
+    def exports_dir(self) -> Path:
+        return self.home / "exports"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.home / "plots"
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSource:
+    """One export job's output directory and the stream it exports."""
+
+    stream: str
+    root: Path
+
+    @property
+    def view(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_]", "_", self.stream.replace("/", "_"))
+
+    @property
+    def parquet_root(self) -> Path:
+        """The directory holding the `date=`/`hour=` partitions (the root or its parquet/)."""
+        for candidate in (self.root / "parquet", self.root):
+            if any(candidate.glob("date=*")):
+                return candidate
+        return self.root
+
+    @property
+    def quarantine_root(self) -> Path:
+        for candidate in (self.root / "_quarantine", self.parquet_root / "_quarantine"):
+            if candidate.exists():
+                return candidate
+        return self.root / "_quarantine"
+
+    def parquet_glob(self) -> str | None:
+        pattern = "date=*/hour=*/*.parquet"
+        return _glob_if_any(self.parquet_root, pattern)
+
+    def quarantine_glob(self) -> str | None:
+        return _glob_if_any(self.quarantine_root, "**/*.parquet")
+
+
+def _glob_if_any(root: Path, pattern: str) -> str | None:
+    if any(root.glob(pattern)):
+        return str(root.absolute() / pattern)
+    return None
+
+
+def _sql_str(value: str | Path) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# --- finding the sources --------------------------------------------------------------------
+
+
+def discover_exports(
+    paths: AnalyticsPaths, config: dict, extra: Iterable[ExportSource] = ()
+) -> list[ExportSource]:
+    """Exports named on the command line, in `[analytics.exports]` of sluice.toml
+    (`"scope/stream" = "/dir"`), and the directories `$SLUICE_HOME/exports/<scope>/<stream>`.
+    A stream named twice keeps its first (command line over config over home)."""
+    found: dict[str, ExportSource] = {}
+    configured = config.get("analytics", {}).get("exports", {})
+    candidates = [
+        *extra,
+        *(ExportSource(stream, Path(root)) for stream, root in configured.items()),
+    ]
+    if paths.exports_dir.is_dir():
+        for root in sorted(paths.exports_dir.glob("*/*")):
+            if root.is_dir():
+                candidates.append(ExportSource(f"{root.parent.name}/{root.name}", root))
+    for source in candidates:
+        found.setdefault(source.stream, source)
+    return list(found.values())
+
+
+def parse_export_option(text: str) -> ExportSource:
+    """`SCOPE/STREAM=DIR` from the command line."""
+    stream, eq, root = text.partition("=")
+    if not eq or stream.count("/") != 1 or not root:
+        reason = "expected SCOPE/STREAM=DIR, e.g. examples/network=/data/network-export"
+        msg = f"--export {text!r}"
+        raise AnalyticsError(msg, reason)
+    return ExportSource(stream, Path(root).absolute())
+
+
+# --- the views ------------------------------------------------------------------------------
+
+
+def _empty_view(columns: dict[str, str]) -> str:
+    cols = ", ".join(f"NULL::{sql_type} AS {_ident(name)}" for name, sql_type in columns.items())
+    return f"SELECT {cols} WHERE false"
+
+
+def _record_columns(record_type: type) -> dict[str, str]:
+    columns = {}
+    for f in fields(record_type):
+        base = str(f.type).split("|")[0].strip()
+        columns[f.name] = _SQL_TYPES.get(base, "VARCHAR")
+    return columns
+
+
+def _export_views(source: ExportSource, con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """SQL of the per-export views; a NIC export also gets its rates view."""
+    views: dict[str, str] = {}
+    glob = source.parquet_glob()
+    stream = _sql_str(source.stream)
+    if glob is None:
+        views[source.view] = f"SELECT {stream} AS stream, * FROM ({_empty_view(NIC_COLUMNS)})"
+    else:
+        views[source.view] = (
+            f"SELECT {stream} AS stream, * FROM read_parquet({_sql_str(glob)}, "
+            "hive_partitioning = true, union_by_name = true)"
+        )
+    columns = {row[0] for row in con.execute(f"DESCRIBE {views[source.view]}").fetchall()}
+    if {"RemoteAddr", "Interface", "TimestampNanos", "RxBytes", "TxBytes"} <= columns:
+        views[f"{source.view}_rates"] = rates_sql(f"({views[source.view]})")
+    qglob = source.quarantine_glob()
+    views[f"{source.view}_quarantine"] = (
+        f"SELECT {stream} AS stream, * FROM read_parquet({_sql_str(qglob)}, union_by_name = true)"
+        if qglob
+        else f"SELECT {stream} AS stream, * FROM ({_empty_view(QUARANTINE_COLUMNS)})"
+    )
+    return views
+
+
+def _union(view_names: list[str], empty: str) -> str:
+    if not view_names:
+        return empty
+    return " UNION ALL BY NAME ".join(f"SELECT * FROM {_ident(v)}" for v in view_names)
+
+
+def _lineage_view(paths: AnalyticsPaths) -> str:
+    columns = _record_columns(LineageRecord)
+    glob = _glob_if_any(paths.lineage_dir, "*.json")
+    if glob is None:
+        return _empty_view(columns)
+    spec = ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items())
+    return f"SELECT * FROM read_json({_sql_str(glob)}, columns = {{{spec}}})"
+
+
+def _replays_view(paths: AnalyticsPaths) -> str:
+    """Results of every replay its lineage names, joined to the run that made them."""
+    results = []
+    for record_path in sorted(paths.lineage_dir.glob("*.json")):
+        record = json.loads(record_path.read_text())
+        if Path(record.get("results_path", "")).exists():
+            results.append(record["results_path"])
+    if not results:
+        return _empty_view({"slice_id": "VARCHAR", "model": "VARCHAR", "model_version": "VARCHAR"})
+    files = "[" + ", ".join(_sql_str(p) for p in results) + "]"
+    return (
+        "SELECT l.slice_id, l.model, l.model_version, r.* EXCLUDE (filename) "
+        f"FROM read_parquet({files}, union_by_name = true, filename = true) r "
+        "JOIN lineage l ON r.filename = l.results_path"
+    )
+
+
+def _slices_view(paths: AnalyticsPaths) -> str:
+    if paths.slices_snapshot.exists():
+        return f"SELECT * FROM read_parquet({_sql_str(paths.slices_snapshot.absolute())})"
+    return _empty_view(_record_columns(SliceRecord))
+
+
+def snapshot_slices(paths: AnalyticsPaths, records: list[SliceRecord]) -> None:
+    """Write the slices as the Parquet file the `slices` view reads (atomic replace)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = _record_columns(SliceRecord)
+    arrow_types = {"BIGINT": pa.int64(), "VARCHAR": pa.string()}
+    schema = pa.schema([(name, arrow_types[t]) for name, t in columns.items()])
+    table = pa.Table.from_pylist([r.row() for r in records], schema=schema)
+    paths.slices_snapshot.parent.mkdir(parents=True, exist_ok=True)
+    staging = paths.slices_snapshot.with_suffix(".parquet.tmp")
+    pq.write_table(table, staging)
+    staging.replace(paths.slices_snapshot)
+
+
+def refresh(paths: AnalyticsPaths, exports: list[ExportSource]) -> list[str]:
+    """(Re)create every view in the database file; return the view names."""
+    paths.home.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(paths.database))
+    except duckdb.IOException as exc:
+        reason = f"{exc} (another process has it open for writing: close it and retry)"
+        msg = f"cannot open {paths.database}"
+        raise AnalyticsError(msg, reason) from None
+    try:
+        views: dict[str, str] = {}
+        for source in exports:
+            views.update(_export_views(source, con))
+        sample_views = [s.view for s in exports]
+        views["samples"] = _union(sample_views, _empty_view({"stream": "VARCHAR", **NIC_COLUMNS}))
+        rate_views = [f"{s.view}_rates" for s in exports if f"{s.view}_rates" in views]
+        empty_samples = _empty_view({"stream": "VARCHAR", **NIC_COLUMNS})
+        views["rates"] = _union(rate_views, rates_sql(f"({empty_samples})"))
+        views["quarantine"] = _union(
+            [f"{s.view}_quarantine" for s in exports],
+            _empty_view({"stream": "VARCHAR", **QUARANTINE_COLUMNS}),
+        )
+        views["slices"] = _slices_view(paths)
+        views["lineage"] = _lineage_view(paths)
+        views["replays"] = _replays_view(paths)
+        con.execute("BEGIN")
+        for name, sql in views.items():
+            con.execute(f"CREATE OR REPLACE VIEW {_ident(name)} AS {sql}")
+        con.execute("COMMIT")
+        return list(views)
+    finally:
+        con.close()
+
+
+def query(paths: AnalyticsPaths, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run one SQL statement on the database; column names and rows."""
+    con = duckdb.connect(str(paths.database), read_only=True)
+    try:
+        cursor = con.execute(sql)
+        columns = [d[0] for d in cursor.description or ()]
+        return columns, cursor.fetchall() if columns else []
+    except duckdb.Error as exc:
+        msg = "query failed"
+        raise AnalyticsError(msg, str(exc).splitlines()[0]) from None
+    finally:
+        con.close()

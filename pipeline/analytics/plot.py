@@ -1,0 +1,119 @@
+"""`sluice plot rates`: seed 000's rx/tx scatter chart, from the exported samples.
+
+A scatter (XY) plot, as the seed insists, so that uneven sampling does not distort time.
+Drawn with matplotlib's Agg canvas on a `Figure` object (no pyplot global state, no display).
+More samples than `max_points` are reduced to the maximum rate per time bucket and interface,
+which keeps every burst visible (a plain subsample would drop the narrow ones); the title
+says when that happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from pipeline.analytics.catalog import AnalyticsError, AnalyticsPaths, ExportSource
+from pipeline.analytics.rates import rates_sql
+
+DEFAULT_MAX_POINTS = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class RatePlot:
+    path: Path
+    points: int
+    samples: int
+    bucket_ns: int | None
+
+
+def _window_sql(view: str, start_ns: int | None, end_ns: int | None) -> str:
+    where = []
+    if start_ns is not None:
+        where.append(f"TimestampNanos >= {int(start_ns)}")
+    if end_ns is not None:
+        where.append(f"TimestampNanos < {int(end_ns)}")
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return f'(SELECT * FROM "{view}"{clause})'
+
+
+def _points(
+    con: duckdb.DuckDBPyConnection, rates: str, samples: int, max_points: int
+) -> tuple[dict[str, np.ndarray], int | None]:
+    if samples <= max_points:
+        sql = (
+            f"SELECT RemoteAddr || '/' || Interface AS nic, TimestampNanos AS t, rx_mbps, "
+            f"tx_mbps FROM ({rates}) WHERE interval_s > 0 ORDER BY nic, t"
+        )
+        return con.execute(sql).fetchnumpy(), None
+    lo, hi = con.execute(
+        f"SELECT min(TimestampNanos), max(TimestampNanos) FROM ({rates})"
+    ).fetchone()
+    bucket = max(1, (hi - lo) // max(1, max_points // 2) + 1)
+    sql = f"""
+        SELECT RemoteAddr || '/' || Interface AS nic,
+               {lo} + (TimestampNanos - {lo}) // {bucket} * {bucket} AS t,
+               max(rx_mbps) AS rx_mbps, max(tx_mbps) AS tx_mbps
+        FROM ({rates}) WHERE interval_s > 0 GROUP BY ALL ORDER BY nic, t
+    """
+    return con.execute(sql).fetchnumpy(), int(bucket)
+
+
+def plot_rates(
+    paths: AnalyticsPaths,
+    source: ExportSource,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    output: Path | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> RatePlot:
+    """Write a PNG scatter of rx and tx Mbit/s over time for one exported stream."""
+    con = duckdb.connect(str(paths.database), read_only=True)
+    try:
+        window = _window_sql(source.view, start_ns, end_ns)
+        samples = con.execute(f"SELECT count(*) FROM {window}").fetchone()[0]
+        if samples < 2:
+            reason = (
+                f"{samples} sample(s) in the chosen window: a rate needs two; widen --from/--to"
+            )
+            msg = f"cannot plot rates of {source.stream}"
+            raise AnalyticsError(msg, reason)
+        data, bucket = _points(con, rates_sql(window), samples, max_points)
+    finally:
+        con.close()
+    output = output or paths.plots_dir / f"{source.view}_rates.png"
+    _draw(data, source.stream, samples, bucket, output)
+    return RatePlot(output, len(data["t"]), samples, bucket)
+
+
+def _draw(data: dict, stream: str, samples: int, bucket: int | None, output: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    times = data["t"].astype("datetime64[ns]")
+    nics = np.unique(data["nic"])
+    for nic in nics:
+        mine = data["nic"] == nic
+        label = "" if len(nics) == 1 else f"{nic} "
+        ax.scatter(times[mine], data["rx_mbps"][mine], s=3, label=f"{label}rx", alpha=0.7)
+        ax.scatter(times[mine], data["tx_mbps"][mine], s=3, label=f"{label}tx", alpha=0.7)
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel("Mbit/s")
+    title = f"{stream}: receive and transmit rate, {samples:,} samples"
+    if bucket is not None:
+        title += f" (max per {bucket / 1e6:g} ms)"
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", markerscale=4)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = output.with_name(f".{output.name}.tmp.png")
+    fig.savefig(staging, format="png")
+    staging.replace(output)

@@ -1,0 +1,252 @@
+"""Slices: named, bounded pieces of a stream's history (a pair of stream cuts), stored in a
+slices stream so that any job, any machine and any later day can replay exactly them.
+
+A slice is a `SliceRecord` (a frozen, versioned dataclass) written as one JSON event to the
+slices stream (default `sluice/slices`, routing key = the sliced stream, so each stream's
+slices stay in order). Its `slice_id` is a hash of what the slice *is* (stream, sensor, both
+cuts, time bounds, reason), so recording the same slice twice gives the same id.
+
+Delivery: `record_slices` skips ids already in the slices stream and writes the new ones in
+one transaction: exactly-once for one writer at a time. Two writers racing on the same slice
+can both append it; `list_slices` and `find_slice` keep the first record of each id, so every
+reader still sees each slice exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+
+from pipeline.errors import SluiceError
+from pipeline.streams import Event, StreamCut, StreamStore, parse_stream
+
+SLICE_VERSION = 1
+DEFAULT_SLICES_STREAM = "sluice/slices"
+
+
+class SliceError(SluiceError):
+    """Base of the errors about slices."""
+
+
+class SliceNotFound(SliceError, LookupError):
+    def __init__(self, slice_id: str, slices_stream: str) -> None:
+        self.slice_id, self.slices_stream = slice_id, slices_stream
+        msg = (
+            f"no slice {slice_id!r} in {slices_stream}: list them with "
+            "`sluice slices list SCOPE/STREAM` (or pass --slices-stream if they live elsewhere)"
+        )
+        super().__init__(msg)
+
+
+class BadSliceRecord(SliceError, ValueError):
+    """An event of the slices stream that is not a slice record this Sluice can read."""
+
+    def __init__(self, slices_stream: str, segment: int, offset: int, reason: str) -> None:
+        self.slices_stream, self.segment, self.offset = slices_stream, segment, offset
+        self.reason = reason
+        msg = (
+            f"event at {slices_stream} segment {segment} offset {offset} is not a slice "
+            f"record: {reason} (was it written by a newer Sluice, or by something else?)"
+        )
+        super().__init__(msg)
+
+
+class InvalidTimeWindow(SliceError, ValueError):
+    def __init__(self, text: str, reason: str) -> None:
+        self.text, self.reason = text, reason
+        msg = f"invalid time {text!r}: {reason} (use ISO 8601, e.g. 2026-11-01T00:00Z)"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRecord:
+    """One slice: events of `stream` between `start_cut` and `end_cut` (stream-cut texts).
+
+    `sensor` names the sensor the slice is about (a routing key, or `RemoteAddr/Interface`)
+    or is None for every sensor; `start_time_ns`/`end_time_ns` bound the event times of
+    interest, [start, end]; a replay filters the events between the cuts to these bounds.
+    """
+
+    slice_id: str
+    stream: str
+    sensor: str | None
+    start_cut: str
+    end_cut: str
+    start_time_ns: int
+    end_time_ns: int
+    reason: str
+    created_by: str
+    version: int = SLICE_VERSION
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        stream: str,
+        sensor: str | None,
+        start_cut: StreamCut,
+        end_cut: StreamCut,
+        start_time_ns: int,
+        end_time_ns: int,
+        reason: str,
+        created_by: str,
+    ) -> SliceRecord:
+        identity = [stream, sensor, start_cut.text, end_cut.text, start_time_ns, end_time_ns]
+        digest = hashlib.sha256(json.dumps([*identity, reason]).encode()).hexdigest()
+        return cls(
+            slice_id=f"sl-{digest[:16]}",
+            stream=stream,
+            sensor=sensor,
+            start_cut=start_cut.text,
+            end_cut=end_cut.text,
+            start_time_ns=int(start_time_ns),
+            end_time_ns=int(end_time_ns),
+            reason=reason,
+            created_by=created_by,
+        )
+
+    @property
+    def cuts(self) -> tuple[StreamCut, StreamCut]:
+        return StreamCut.parse(self.start_cut), StreamCut.parse(self.end_cut)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_event(cls, event: Event) -> SliceRecord:
+        def bad(reason: str) -> BadSliceRecord:
+            return BadSliceRecord(event.stream, event.segment, event.offset, reason)
+
+        try:
+            data = json.loads(event.payload)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            msg = f"not JSON ({exc})"
+            raise bad(msg) from None
+        if not isinstance(data, dict) or data.get("version") != SLICE_VERSION:
+            version = data.get("version") if isinstance(data, dict) else None
+            msg = f"version {version!r}, this Sluice reads version {SLICE_VERSION}"
+            raise bad(msg)
+        names = {f.name for f in fields(cls)}
+        if missing := names - data.keys():
+            msg = f"missing {', '.join(sorted(missing))}"
+            raise bad(msg)
+        return cls(**{k: data[k] for k in names})
+
+    def row(self) -> dict:
+        """The record with readable times, for tables and JSON output."""
+        return {
+            **asdict(self),
+            "start_time": format_ns(self.start_time_ns),
+            "end_time": format_ns(self.end_time_ns),
+        }
+
+
+# --- times ----------------------------------------------------------------------------------
+
+
+def parse_time_ns(text: str) -> int:
+    """ISO 8601 text to epoch nanoseconds; a time without a zone is taken as UTC."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise InvalidTimeWindow(text, str(exc)) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+
+
+def format_ns(ns: int) -> str:
+    moment = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{ns % 1_000_000_000:09d}Z"
+
+
+# --- the slices stream ----------------------------------------------------------------------
+
+
+def _events(store: StreamStore, slices_stream: str) -> list[Event]:
+    if not store.stream_exists(slices_stream):
+        return []
+    return list(store.read(slices_stream))
+
+
+def list_slices(
+    store: StreamStore, stream: str | None = None, slices_stream: str = DEFAULT_SLICES_STREAM
+) -> list[SliceRecord]:
+    """Every slice (of `stream`, if given), first record per id, in the order recorded."""
+    seen: dict[str, SliceRecord] = {}
+    for event in _events(store, slices_stream):
+        record = SliceRecord.from_event(event)
+        if record.slice_id not in seen and (stream is None or record.stream == stream):
+            seen[record.slice_id] = record
+    return list(seen.values())
+
+
+def find_slice(
+    store: StreamStore, slice_id: str, slices_stream: str = DEFAULT_SLICES_STREAM
+) -> SliceRecord:
+    for record in list_slices(store, None, slices_stream):
+        if record.slice_id == slice_id:
+            return record
+    raise SliceNotFound(slice_id, slices_stream)
+
+
+def record_slices(
+    store: StreamStore,
+    records: list[SliceRecord],
+    slices_stream: str = DEFAULT_SLICES_STREAM,
+) -> list[SliceRecord]:
+    """Append the records whose ids are new, in one transaction; return those written."""
+    parse_stream(slices_stream)
+    store.create_stream(slices_stream)
+    known = {r.slice_id for r in list_slices(store, None, slices_stream)}
+    new: list[SliceRecord] = []
+    for record in records:
+        if record.slice_id not in known:
+            known.add(record.slice_id)
+            new.append(record)
+    if not new:
+        return []
+    txn = store.begin_transaction(slices_stream)
+    try:
+        for record in new:
+            txn.write(record.to_json(), routing_key=record.stream)
+        txn.flush()
+    except BaseException:
+        txn.abort()
+        raise
+    txn.commit()
+    return new
+
+
+def time_window_slice(
+    store: StreamStore,
+    stream: str,
+    start_ns: int,
+    end_ns: int,
+    *,
+    sensor: str | None = None,
+    created_by: str = "sluice slices create",
+) -> SliceRecord:
+    """The slice of `stream` holding every event whose time bounds meet [start, end).
+
+    The cuts come from `store.time_cuts` (the time bounds writers attach at commit); the
+    slice's time bounds are the window itself, so a replay keeps only samples inside it.
+    """
+    if end_ns <= start_ns:
+        reason = f"--to ({format_ns(end_ns)}) must be after --from ({format_ns(start_ns)})"
+        raise InvalidTimeWindow(format_ns(end_ns), reason)
+    start_cut, end_cut = store.time_cuts(stream, start_ns, end_ns)
+    reason = f"time window {format_ns(start_ns)} .. {format_ns(end_ns)}"
+    return SliceRecord.create(
+        stream=stream,
+        sensor=sensor,
+        start_cut=start_cut,
+        end_cut=end_cut,
+        start_time_ns=start_ns,
+        end_time_ns=end_ns - 1,
+        reason=reason,
+        created_by=created_by,
+    )

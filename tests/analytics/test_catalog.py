@@ -1,0 +1,217 @@
+"""The analytics database: views over exports, rates, quarantine, slices, lineage, replays."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import cli
+from pipeline.analytics.catalog import (
+    AnalyticsError,
+    AnalyticsPaths,
+    ExportSource,
+    discover_exports,
+    parse_export_option,
+    query,
+    refresh,
+    snapshot_slices,
+)
+from pipeline.config import sluice_home
+from pipeline.jobs.replay import LineageRecord
+from pipeline.jobs.slices import record_slices, time_window_slice
+from tests.analytics.conftest import T0
+
+COMMANDS = ("pipeline.jobs.replay_commands", "pipeline.analytics.commands")
+
+
+@pytest.fixture
+def paths() -> AnalyticsPaths:
+    return AnalyticsPaths(sluice_home())
+
+
+def test_rates_follow_the_seed_formula_per_interface(paths, nic_export):
+    refresh(paths, [ExportSource("examples/network", nic_export)])
+    cols, rows = query(
+        paths,
+        "SELECT RemoteAddr, rx_mbps, tx_mbps, counter_reset FROM rates "
+        "ORDER BY RemoteAddr, TimestampNanos, _sample",
+    )
+    assert cols == ["RemoteAddr", "rx_mbps", "tx_mbps", "counter_reset"]
+    assert rows == [
+        ("edge1", None, None, False),  # first sample of the NIC: no previous one
+        ("edge1", 1.0, 0.0, False),  # 125,000 bytes in 1 s = 1 Mbit/s
+        ("edge1", 1.0, 0.1, False),
+        ("edge1", None, 0.1, True),  # rx counter went backwards: no rate, flagged
+        ("edge2", None, None, False),
+        ("edge2", 10.0, 0.0, False),
+        ("edge2", 10.0, 0.0, False),
+        ("edge2", 10.0, 0.0, False),
+        ("edge2", None, None, False),  # same nanosecond as the previous sample
+    ]
+
+
+def test_samples_keep_partitions_and_lineage_columns(paths, nic_export):
+    views = refresh(paths, [ExportSource("examples/network", nic_export)])
+    assert {"samples", "examples_network", "examples_network_rates", "rates"} <= set(views)
+    _, rows = query(
+        paths,
+        "SELECT stream, date::VARCHAR, hour, count(*), min(_offset) FROM samples GROUP BY ALL "
+        "ORDER BY hour",
+    )
+    assert rows == [
+        ("examples/network", "2026-11-01", 10, 4, 0),
+        ("examples/network", "2026-11-01", 11, 5, 200),
+    ]
+    _, quarantined = query(paths, "SELECT stream, _offset, reason FROM quarantine")
+    assert quarantined == [("examples/network", 4242, "arrays of unequal length")]
+
+
+def test_the_database_opens_in_plain_duckdb_without_sluice(paths, nic_export, tmp_path):
+    refresh(paths, [ExportSource("examples/network", nic_export)])
+    script = (
+        "import sys, duckdb\n"
+        f"con = duckdb.connect({str(paths.database)!r}, read_only=True)\n"
+        "print(con.sql('SELECT count(*), round(max(rx_mbps), 3) FROM rates').fetchall()[0])\n"
+        "assert not any(m == 'pipeline' or m.startswith('pipeline.') for m in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "(9, 10.0)"
+
+
+def test_views_exist_and_are_empty_before_any_file(paths):
+    views = refresh(paths, [])
+    assert {"samples", "rates", "quarantine", "slices", "lineage", "replays"} <= set(views)
+    for view in ("samples", "rates", "quarantine", "slices", "lineage", "replays"):
+        assert query(paths, f"SELECT count(*) FROM {view}")[1] == [(0,)]
+    cols, _ = query(paths, "SELECT * FROM lineage")
+    assert {"slice_id", "model_version", "start_cut", "input_rows"} <= set(cols)
+
+
+def test_new_partitions_show_up_without_a_refresh(paths, nic_export):
+    from tests.analytics.conftest import nic_rows, write_export
+
+    refresh(paths, [ExportSource("examples/network", nic_export)])
+    later = T0 + 5 * 3_600_000_000_000
+    write_export(nic_export, nic_rows("edge3", "wlan0", [later, later + 10**9], [0, 1], [0, 1]))
+    assert query(paths, "SELECT count(*) FROM samples")[1] == [(11,)]
+
+
+def test_slices_lineage_and_replays_views(paths, store, tmp_path):
+    store.create_stream("examples/network")
+    with store.writer("examples/network") as w:
+        w.write(b'{"x": 1}', routing_key="edge1")
+    now = 2_000_000_000_000_000_000
+    record = time_window_slice(store, "examples/network", 0, now)
+    record_slices(store, [record])
+    snapshot_slices(paths, [record])
+    results = tmp_path / "replay" / "results.parquet"
+    results.parent.mkdir()
+    pq.write_table(pa.table({"second": [1, 2], "rx_mbps": [0.5, 7.0]}), results)
+    lineage = LineageRecord(
+        run_id="run-1",
+        slice_id=record.slice_id,
+        stream="examples/network",
+        sensor=None,
+        start_cut=record.start_cut,
+        end_cut=record.end_cut,
+        start_time_ns=0,
+        end_time_ns=now,
+        input_events=1,
+        input_rows=2,
+        output_rows=2,
+        model="pipeline.models.nic:throughput",
+        model_version="sha256:abc",
+        output_dir=str(results.parent),
+        results_path=str(results),
+        metrics_path=str(results.parent / "metrics.json"),
+        started_at="2026-11-01T00:00:00Z",
+        finished_at="2026-11-01T00:00:01Z",
+    )
+    lineage.write(paths.lineage_dir)
+    refresh(paths, [])
+    assert query(paths, "SELECT slice_id, stream, sensor FROM slices")[1] == [
+        (record.slice_id, "examples/network", None)
+    ]
+    assert query(paths, "SELECT run_id, input_events, model_version FROM lineage")[1] == [
+        ("run-1", 1, "sha256:abc")
+    ]
+    assert query(paths, "SELECT slice_id, model, second, rx_mbps FROM replays ORDER BY 3")[1] == [
+        (record.slice_id, "pipeline.models.nic:throughput", 1, 0.5),
+        (record.slice_id, "pipeline.models.nic:throughput", 2, 7.0),
+    ]
+
+
+def test_exports_are_found_in_order_of_precedence(paths, tmp_path):
+    home_export = paths.exports_dir / "examples" / "network"
+    home_export.mkdir(parents=True)
+    (paths.exports_dir / "examples" / "accel").mkdir()
+    config = {"analytics": {"exports": {"examples/network": str(tmp_path / "from-config")}}}
+    cli_export = parse_export_option(f"examples/accel={tmp_path / 'from-cli'}")
+    found = {s.stream: s.root for s in discover_exports(paths, config, [cli_export])}
+    assert found == {
+        "examples/accel": tmp_path / "from-cli",
+        "examples/network": tmp_path / "from-config",
+    }
+    with pytest.raises(AnalyticsError, match=re.escape("expected SCOPE/STREAM=DIR")):
+        parse_export_option("network")
+
+
+def test_a_bad_query_is_one_clear_error(paths):
+    refresh(paths, [])
+    with pytest.raises(AnalyticsError, match=r"query failed: .*no_such_table"):
+        query(paths, "SELECT * FROM no_such_table")
+
+
+def test_sluice_sql_prints_a_table_and_json(monkeypatch, capsys, nic_export, store_dir):
+    monkeypatch.setattr(cli, "COMMAND_MODULES", COMMANDS)
+    base = ["--store", f"embedded:{store_dir}"]
+    export = ["--export", f"examples/network={nic_export}"]
+    sql = (
+        "SELECT RemoteAddr AS host, count(*) AS n, max(rx_mbps) AS peak FROM rates "
+        "GROUP BY 1 ORDER BY 1"
+    )
+    assert cli.main([*base, "sql", sql, *export]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["host", "n", "peak"]
+    assert lines[2].split() == ["edge1", "4", "1.0"]
+    assert lines[-1] == "(2 rows)"
+    assert cli.main([*base, "sql", sql, "--json", *export]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[1] == {"host": "edge2", "n": 5, "peak": 10.0}
+    assert cli.main([*base, "sql", "SELEC nothing"]) == 1
+    assert capsys.readouterr().err.startswith("sluice: error: query failed: Parser Error")
+
+
+def test_sluice_plot_rates_writes_a_png(monkeypatch, capsys, nic_export, store_dir, tmp_path):
+    monkeypatch.setattr(cli, "COMMAND_MODULES", COMMANDS)
+    out = tmp_path / "rates.png"
+    argv = [
+        "--store",
+        f"embedded:{store_dir}",
+        "plot",
+        "rates",
+        "examples/network",
+        "--export",
+        f"examples/network={nic_export}",
+        "--output",
+        str(out),
+        "--from",
+        "2026-11-01T10:59:58.5Z",
+    ]
+    assert cli.main(argv) == 0
+    assert "(5 points from 8 samples)" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main([*argv[:4], "examples/nothing"]) == 1
+    assert "cannot plot examples/nothing: no export of it is known" in capsys.readouterr().err

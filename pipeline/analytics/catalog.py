@@ -1,16 +1,17 @@
 """The analysts' DuckDB database: views over every file Sluice writes, by absolute path.
 
-`$SLUICE_HOME/analytics.duckdb` holds views only (no copied data), so it stays small and
-always current, and it opens in the plain `duckdb` package with no Sluice import:
+The database file (`$SLUICE_HOME/analytics/sluice.duckdb` by default) holds views only (no
+copied data), so it stays small and always current, and it opens in the plain `duckdb`
+package with no Sluice import:
 
-    duckdb.connect("/home/me/.sluice/analytics.duckdb").sql("SELECT * FROM rates LIMIT 5")
+    duckdb.connect("/home/me/.sluice/analytics/sluice.duckdb").sql("SELECT * FROM rates LIMIT 5")
 
 Views (refreshed by `refresh`, which `sluice sql` and `sluice plot` call first):
 
-- `samples` (all exports, with a `stream` column) and `<scope>_<stream>` (one export):
+- `samples` (all exports, with an `export` column) and `<name>` (one export):
   exported samples from the hive-partitioned Parquet, `date` and `hour` columns included;
-- `rates` and `<scope>_<stream>_rates`: per-sample rx/tx Mbit/s of NIC exports (`rates.py`);
-- `quarantine` and `<scope>_<stream>_quarantine`: events the export refused, with reasons;
+- `rates` and `<name>_rates`: per-sample rx/tx Mbit/s of NIC exports (`rates.py`);
+- `quarantine` and `<name>_quarantine`: events the export refused, with reasons;
 - `slices`: every slice of the slices stream (a Parquet snapshot taken at refresh);
 - `lineage`: one row per replay run: slice, cuts, counts, model and code version, paths;
 - `replays`: every replay's result rows, tagged with `slice_id`, `model`, `model_version`.
@@ -26,6 +27,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -33,6 +35,9 @@ from pipeline.analytics.rates import NIC_COLUMNS, rates_sql
 from pipeline.errors import SluiceError
 from pipeline.jobs.replay import LineageRecord
 from pipeline.jobs.slices import SliceRecord
+
+if TYPE_CHECKING:
+    from pipeline.settings import SluiceSettings
 
 _SQL_TYPES = {int: "BIGINT", "int": "BIGINT", str: "VARCHAR", "str": "VARCHAR"}
 QUARANTINE_COLUMNS = {
@@ -54,13 +59,15 @@ class AnalyticsError(SluiceError):
 
 @dataclass(frozen=True, slots=True)
 class AnalyticsPaths:
-    """Where analytics reads and writes, all under one Sluice home."""
+    """Where analytics reads and writes: the database file (sluice.toml `[analytics]
+    database`, default `$SLUICE_HOME/analytics/sluice.duckdb`) and files under the home."""
 
     home: Path
+    database: Path
 
-    @property
-    def database(self) -> Path:
-        return self.home / "analytics.duckdb"
+    @classmethod
+    def from_settings(cls, settings: SluiceSettings) -> AnalyticsPaths:
+        return cls(settings.home, settings.analytics_database)
 
     @property
     def slices_snapshot(self) -> Path:
@@ -71,24 +78,25 @@ class AnalyticsPaths:
         return self.home / "lineage"
 
     @property
-    def exports_dir(self) -> Path:
-        return self.home / "exports"
-
-    @property
     def plots_dir(self) -> Path:
         return self.home / "plots"
 
 
 @dataclass(frozen=True, slots=True)
 class ExportSource:
-    """One export job's output directory and the stream it exports."""
+    """One export job's output directory, its name and the streams it exports."""
 
-    stream: str
+    name: str
     root: Path
+    streams: tuple[str, ...] = ()
 
     @property
     def view(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_]", "_", self.stream.replace("/", "_"))
+        return re.sub(r"[^A-Za-z0-9_]", "_", self.name.replace("/", "_"))
+
+    def matches(self, text: str) -> bool:
+        """True for the export's name or one of its streams."""
+        return text in (self.name, *self.streams)
 
     @property
     def parquet_root(self) -> Path:
@@ -131,23 +139,16 @@ def _ident(name: str) -> str:
 
 
 def discover_exports(
-    paths: AnalyticsPaths, config: dict, extra: Iterable[ExportSource] = ()
+    settings: SluiceSettings, extra: Iterable[ExportSource] = ()
 ) -> list[ExportSource]:
-    """Exports named on the command line, in `[analytics.exports]` of sluice.toml
-    (`"scope/stream" = "/dir"`), and the directories `$SLUICE_HOME/exports/<scope>/<stream>`.
-    A stream named twice keeps its first (command line over config over home)."""
+    """Exports named on the command line, then each `[streams.NAME]` family of sluice.toml
+    (its export directory, `exports/NAME` under the home). A name given twice keeps the first."""
     found: dict[str, ExportSource] = {}
-    configured = config.get("analytics", {}).get("exports", {})
-    candidates = [
-        *extra,
-        *(ExportSource(stream, Path(root)) for stream, root in configured.items()),
-    ]
-    if paths.exports_dir.is_dir():
-        for root in sorted(paths.exports_dir.glob("*/*")):
-            if root.is_dir():
-                candidates.append(ExportSource(f"{root.parent.name}/{root.name}", root))
-    for source in candidates:
-        found.setdefault(source.stream, source)
+    families = (
+        ExportSource(f.name, f.export_dir, (f.stream, f.mirror_stream)) for f in settings.streams
+    )
+    for source in (*extra, *families):
+        found.setdefault(source.name, source)
     return list(found.values())
 
 
@@ -158,7 +159,7 @@ def parse_export_option(text: str) -> ExportSource:
         reason = "expected SCOPE/STREAM=DIR, e.g. examples/network=/data/network-export"
         msg = f"--export {text!r}"
         raise AnalyticsError(msg, reason)
-    return ExportSource(stream, Path(root).absolute())
+    return ExportSource(stream, Path(root).absolute(), (stream,))
 
 
 # --- the views ------------------------------------------------------------------------------
@@ -181,12 +182,12 @@ def _export_views(source: ExportSource, con: duckdb.DuckDBPyConnection) -> dict[
     """SQL of the per-export views; a NIC export also gets its rates view."""
     views: dict[str, str] = {}
     glob = source.parquet_glob()
-    stream = _sql_str(source.stream)
+    name = _sql_str(source.name)
     if glob is None:
-        views[source.view] = f"SELECT {stream} AS stream, * FROM ({_empty_view(NIC_COLUMNS)})"
+        views[source.view] = f"SELECT {name} AS export, * FROM ({_empty_view(NIC_COLUMNS)})"
     else:
         views[source.view] = (
-            f"SELECT {stream} AS stream, * FROM read_parquet({_sql_str(glob)}, "
+            f"SELECT {name} AS export, * FROM read_parquet({_sql_str(glob)}, "
             "hive_partitioning = true, union_by_name = true)"
         )
     columns = {row[0] for row in con.execute(f"DESCRIBE {views[source.view]}").fetchall()}
@@ -194,9 +195,9 @@ def _export_views(source: ExportSource, con: duckdb.DuckDBPyConnection) -> dict[
         views[f"{source.view}_rates"] = rates_sql(f"({views[source.view]})")
     qglob = source.quarantine_glob()
     views[f"{source.view}_quarantine"] = (
-        f"SELECT {stream} AS stream, * FROM read_parquet({_sql_str(qglob)}, union_by_name = true)"
+        f"SELECT {name} AS export, * FROM read_parquet({_sql_str(qglob)}, union_by_name = true)"
         if qglob
-        else f"SELECT {stream} AS stream, * FROM ({_empty_view(QUARANTINE_COLUMNS)})"
+        else f"SELECT {name} AS export, * FROM ({_empty_view(QUARANTINE_COLUMNS)})"
     )
     return views
 
@@ -256,11 +257,11 @@ def snapshot_slices(paths: AnalyticsPaths, records: list[SliceRecord]) -> None:
 
 def refresh(paths: AnalyticsPaths, exports: list[ExportSource]) -> list[str]:
     """(Re)create every view in the database file; return the view names."""
-    paths.home.mkdir(parents=True, exist_ok=True)
+    paths.database.parent.mkdir(parents=True, exist_ok=True)
     try:
         con = duckdb.connect(str(paths.database))
     except duckdb.IOException as exc:
-        reason = f"{exc} (another process has it open for writing: close it and retry)"
+        reason = f"{exc} (is another process writing to it? close it and retry)"
         msg = f"cannot open {paths.database}"
         raise AnalyticsError(msg, reason) from None
     try:
@@ -268,13 +269,13 @@ def refresh(paths: AnalyticsPaths, exports: list[ExportSource]) -> list[str]:
         for source in exports:
             views.update(_export_views(source, con))
         sample_views = [s.view for s in exports]
-        views["samples"] = _union(sample_views, _empty_view({"stream": "VARCHAR", **NIC_COLUMNS}))
+        views["samples"] = _union(sample_views, _empty_view({"export": "VARCHAR", **NIC_COLUMNS}))
         rate_views = [f"{s.view}_rates" for s in exports if f"{s.view}_rates" in views]
-        empty_samples = _empty_view({"stream": "VARCHAR", **NIC_COLUMNS})
+        empty_samples = _empty_view({"export": "VARCHAR", **NIC_COLUMNS})
         views["rates"] = _union(rate_views, rates_sql(f"({empty_samples})"))
         views["quarantine"] = _union(
             [f"{s.view}_quarantine" for s in exports],
-            _empty_view({"stream": "VARCHAR", **QUARANTINE_COLUMNS}),
+            _empty_view({"export": "VARCHAR", **QUARANTINE_COLUMNS}),
         )
         views["slices"] = _slices_view(paths)
         views["lineage"] = _lineage_view(paths)

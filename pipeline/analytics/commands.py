@@ -16,7 +16,6 @@ from pipeline.analytics.catalog import (
     refresh,
     snapshot_slices,
 )
-from pipeline.config import load_config, sluice_home
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM
 
 
@@ -26,8 +25,8 @@ def _add_source_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SCOPE/STREAM=DIR",
-        help="an export directory to include (repeatable; also found in sluice.toml "
-        "[analytics.exports] and under $SLUICE_HOME/exports/SCOPE/STREAM)",
+        help="an export directory to include (repeatable); the exports of every "
+        "[streams.NAME] in sluice.toml are included anyway",
     )
     p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
 
@@ -47,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plot", help="charts from the analytics database")
     sub = p.add_subparsers(dest="plot_command", required=True, metavar="CHART")
     r = sub.add_parser("rates", help="PNG scatter of rx/tx Mbit/s over time (seed 000's chart)")
-    r.add_argument("stream", metavar="SCOPE/STREAM")
+    r.add_argument("stream", metavar="NAME|SCOPE/STREAM", help="an export name or its stream")
     r.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601, e.g. 2026-11-01T00:00Z")
     r.add_argument("--to", dest="end", metavar="TIME")
     r.add_argument("--output", "-o", type=Path, help="PNG path (default under $SLUICE_HOME/plots)")
@@ -64,11 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _refresh(args: argparse.Namespace) -> tuple[AnalyticsPaths, list[ExportSource], list[str]]:
     from pipeline.jobs.slices import list_slices
+    from pipeline.settings import load_settings
     from pipeline.streams import open_store
 
-    paths = AnalyticsPaths(sluice_home())
+    settings = load_settings()
+    paths = AnalyticsPaths.from_settings(settings)
     extra = [parse_export_option(text) for text in args.export]
-    exports = discover_exports(paths, load_config(), extra)
+    exports = discover_exports(settings, extra)
     with open_store(args.store) as store:
         snapshot_slices(paths, list_slices(store, None, args.slices_stream))
     return paths, exports, refresh(paths, exports)
@@ -78,7 +79,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     paths, exports, views = _refresh(args)
     print(f"database: {paths.database}")
     for source in exports:
-        print(f"export:   {source.stream} <- {source.root}")
+        print(f"export:   {source.name} <- {source.root}")
     print(f"views:    {', '.join(views)}")
     return 0
 
@@ -101,9 +102,9 @@ def cmd_plot_rates(args: argparse.Namespace) -> int:
     from pipeline.jobs.slices import parse_time_ns
 
     paths, exports, _ = _refresh(args)
-    source = next((s for s in exports if s.stream == args.stream), None)
+    source = next((s for s in exports if s.matches(args.stream)), None)
     if source is None:
-        known = ", ".join(s.stream for s in exports) or "none"
+        known = ", ".join(s.name for s in exports) or "none"
         reason = (
             f"no export of it is known (known: {known}); pass --export {args.stream}=DIR "
             "or export it with `sluice run export`"

@@ -79,13 +79,13 @@ def plot_rates(
             reason = (
                 f"{samples} sample(s) in the chosen window: a rate needs two; widen --from/--to"
             )
-            msg = f"cannot plot rates of {source.stream}"
+            msg = f"cannot plot rates of {source.name}"
             raise AnalyticsError(msg, reason)
         data, bucket = _points(con, rates_sql(window), samples, max_points)
     finally:
         con.close()
     output = output or paths.plots_dir / f"{source.view}_rates.png"
-    _draw(data, source.stream, samples, bucket, output)
+    _draw(data, source.name, samples, bucket, output)
     return RatePlot(output, len(data["t"]), samples, bucket)
 
 

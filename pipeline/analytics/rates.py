@@ -39,9 +39,9 @@ def _rate(counter: str) -> str:
 
 def rates_sql(relation: str) -> str:
     """SELECT computing the rates over `relation` (a table, view or parenthesized query with
-    the NIC columns and `stream`)."""
+    the NIC columns and `export`)."""
     return f"""
-        SELECT stream, RemoteAddr, Interface, TimestampNanos,
+        SELECT export, RemoteAddr, Interface, TimestampNanos,
                make_timestamp_ns(TimestampNanos) AS time,
                RxBytes, TxBytes,
                (TimestampNanos - lag(TimestampNanos) OVER w) / 1e9 AS interval_s,

@@ -53,6 +53,12 @@ def write_export(root: Path, rows: list[dict], quarantine: list[dict] = ()) -> P
     return root
 
 
+@pytest.fixture(autouse=True)
+def _no_sluice_toml(tmp_path, monkeypatch):
+    """Analytics reads sluice.toml: point it at none, so tests see only what they set up."""
+    monkeypatch.setenv("SLUICE_CONFIG", str(tmp_path / "no-sluice.toml"))
+
+
 @pytest.fixture
 def nic_export(tmp_path) -> Path:
     """Two NICs, interleaved in time, across an hour boundary; one counter reset; one

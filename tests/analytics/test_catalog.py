@@ -22,9 +22,9 @@ from pipeline.analytics.catalog import (
     refresh,
     snapshot_slices,
 )
-from pipeline.config import sluice_home
 from pipeline.jobs.replay import LineageRecord
 from pipeline.jobs.slices import record_slices, time_window_slice
+from pipeline.settings import load_settings
 from tests.analytics.conftest import T0
 
 COMMANDS = ("pipeline.jobs.replay_commands", "pipeline.analytics.commands")
@@ -32,11 +32,15 @@ COMMANDS = ("pipeline.jobs.replay_commands", "pipeline.analytics.commands")
 
 @pytest.fixture
 def paths() -> AnalyticsPaths:
-    return AnalyticsPaths(sluice_home())
+    return AnalyticsPaths.from_settings(load_settings())
+
+
+def network(root) -> ExportSource:
+    return ExportSource("network", root, ("examples/network",))
 
 
 def test_rates_follow_the_seed_formula_per_interface(paths, nic_export):
-    refresh(paths, [ExportSource("examples/network", nic_export)])
+    refresh(paths, [network(nic_export)])
     cols, rows = query(
         paths,
         "SELECT RemoteAddr, rx_mbps, tx_mbps, counter_reset FROM rates "
@@ -57,23 +61,23 @@ def test_rates_follow_the_seed_formula_per_interface(paths, nic_export):
 
 
 def test_samples_keep_partitions_and_lineage_columns(paths, nic_export):
-    views = refresh(paths, [ExportSource("examples/network", nic_export)])
-    assert {"samples", "examples_network", "examples_network_rates", "rates"} <= set(views)
+    views = refresh(paths, [network(nic_export)])
+    assert {"samples", "network", "network_rates", "rates"} <= set(views)
     _, rows = query(
         paths,
-        "SELECT stream, date::VARCHAR, hour, count(*), min(_offset) FROM samples GROUP BY ALL "
+        "SELECT export, date::VARCHAR, hour, count(*), min(_offset) FROM samples GROUP BY ALL "
         "ORDER BY hour",
     )
     assert rows == [
-        ("examples/network", "2026-11-01", 10, 4, 0),
-        ("examples/network", "2026-11-01", 11, 5, 200),
+        ("network", "2026-11-01", 10, 4, 0),
+        ("network", "2026-11-01", 11, 5, 200),
     ]
-    _, quarantined = query(paths, "SELECT stream, _offset, reason FROM quarantine")
-    assert quarantined == [("examples/network", 4242, "arrays of unequal length")]
+    _, quarantined = query(paths, "SELECT export, _offset, reason FROM quarantine")
+    assert quarantined == [("network", 4242, "arrays of unequal length")]
 
 
 def test_the_database_opens_in_plain_duckdb_without_sluice(paths, nic_export, tmp_path):
-    refresh(paths, [ExportSource("examples/network", nic_export)])
+    refresh(paths, [network(nic_export)])
     script = (
         "import sys, duckdb\n"
         f"con = duckdb.connect({str(paths.database)!r}, read_only=True)\n"
@@ -102,7 +106,7 @@ def test_views_exist_and_are_empty_before_any_file(paths):
 def test_new_partitions_show_up_without_a_refresh(paths, nic_export):
     from tests.analytics.conftest import nic_rows, write_export
 
-    refresh(paths, [ExportSource("examples/network", nic_export)])
+    refresh(paths, [network(nic_export)])
     later = T0 + 5 * 3_600_000_000_000
     write_export(nic_export, nic_rows("edge3", "wlan0", [later, later + 10**9], [0, 1], [0, 1]))
     assert query(paths, "SELECT count(*) FROM samples")[1] == [(11,)]
@@ -153,17 +157,23 @@ def test_slices_lineage_and_replays_views(paths, store, tmp_path):
     ]
 
 
-def test_exports_are_found_in_order_of_precedence(paths, tmp_path):
-    home_export = paths.exports_dir / "examples" / "network"
-    home_export.mkdir(parents=True)
-    (paths.exports_dir / "examples" / "accel").mkdir()
-    config = {"analytics": {"exports": {"examples/network": str(tmp_path / "from-config")}}}
+def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, monkeypatch):
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        '[streams.network]\nstream = "examples/network"\nschema = "NetworkSamples"\n'
+        '[streams.network.mirror]\nstream = "cloud/network"\n'
+        '[stores.cloud]\nembedded = "cloud-streams"\n'
+    )
+    monkeypatch.setenv("SLUICE_CONFIG", str(config))
+    settings = load_settings()
     cli_export = parse_export_option(f"examples/accel={tmp_path / 'from-cli'}")
-    found = {s.stream: s.root for s in discover_exports(paths, config, [cli_export])}
-    assert found == {
-        "examples/accel": tmp_path / "from-cli",
-        "examples/network": tmp_path / "from-config",
-    }
+    found = {s.name: s for s in discover_exports(settings, [cli_export])}
+    assert found["network"].root == settings.home / "exports" / "network"
+    assert found["network"].matches("cloud/network") and found["network"].matches("network")
+    assert found["examples/accel"].root == tmp_path / "from-cli"
+    assert AnalyticsPaths.from_settings(settings).database == (
+        settings.home / "analytics" / "sluice.duckdb"
+    )
     with pytest.raises(AnalyticsError, match=re.escape("expected SCOPE/STREAM=DIR")):
         parse_export_option("network")
 
@@ -215,3 +225,5 @@ def test_sluice_plot_rates_writes_a_png(monkeypatch, capsys, nic_export, store_d
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli.main([*argv[:4], "examples/nothing"]) == 1
     assert "cannot plot examples/nothing: no export of it is known" in capsys.readouterr().err
+    assert cli.main([*argv[:4], "network", "--export", f"network={nic_export}"]) == 1
+    assert "expected SCOPE/STREAM=DIR" in capsys.readouterr().err

@@ -1,0 +1,49 @@
+"""The code location loads from the repository root with no setup, as `dagster dev` loads it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.dagster.conftest import REPO
+
+DAGSTER = Path(sys.executable).with_name("dagster")
+
+
+def validate(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster-home"), **env}
+    (tmp_path / "dagster-home").mkdir(exist_ok=True)
+    return subprocess.run(
+        [str(DAGSTER), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_workspace_validates(tmp_path):
+    done = validate(tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "All code locations passed validation" in done.stderr + done.stdout
+
+
+def test_a_broken_config_fails_validation_with_its_reason(tmp_path):
+    bad = tmp_path / "sluice.toml"
+    bad.write_text('[streams.net]\nstream = "a/b"\nschema = "S"\nflavour = 1\n')
+    done = validate(tmp_path, SLUICE_CONFIG=str(bad))
+    assert done.returncode != 0
+    assert "unknown field `flavour`" in done.stderr + done.stdout
+
+
+def test_one_asset_family_per_configured_stream(settings):
+    from assets.definitions import build_definitions
+
+    defs = build_definitions(settings)
+    keys = {key.to_user_string() for key in defs.resolve_all_asset_keys()}
+    for family in ("network", "generator"):
+        assert f"edge/{family}" in keys

@@ -1,0 +1,97 @@
+"""Samples batched into events, in the reference collector's JSON layout.
+
+An event holds parallel arrays (one per measured quantity, `TimestampNanos` first) followed
+by the constant fields and `LastTimestampFormatted`, with no spaces, exactly as the Pravega
+Sensor Collector writes them:
+
+    {"TimestampNanos":[...],"RxBytes":[...],"TxBytes":[...],"RemoteAddr":"host",
+     "Interface":"eth0","LastTimestampFormatted":"2020-12-30T21:29:17.809Z"}
+
+An event over the store's 8 MiB limit is split in halves until each part fits, so a too-large
+`samples_per_event` costs more events, never a rejected batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from collectors.state import PendingEvent
+from pipeline.streams import MAX_EVENT_SIZE
+
+TIME_COLUMN = "TimestampNanos"
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def format_timestamp(ns: int) -> str:
+    """`2020-12-30T21:29:17.809Z`: UTC, milliseconds, as the reference formats it."""
+    seconds, rest = divmod(ns, 1_000_000_000)
+    stamp = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{rest // 1_000_000:03d}Z"
+
+
+def camel_case(name: str) -> str:
+    """`rx_bytes` -> `RxBytes` (the reference's field naming)."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
+
+
+def encode_json(value: Any) -> bytes:
+    return _encoder.encode(value).encode()
+
+
+class ColumnBatch:
+    """Parallel arrays of samples, `TimestampNanos` first, with constant fields after them."""
+
+    def __init__(self, columns: Iterable[str], constants: Mapping[str, Any]) -> None:
+        self.columns: dict[str, list] = {TIME_COLUMN: []}
+        for name in columns:
+            self.columns[name] = []
+        self.constants = dict(constants)
+
+    def __len__(self) -> int:
+        return len(self.columns[TIME_COLUMN])
+
+    def add(self, timestamp_ns: int, values: Iterable[Any]) -> None:
+        """Append one sample: its time and one value per column, in column order."""
+        arrays = iter(self.columns.values())
+        next(arrays).append(timestamp_ns)
+        for array, value in zip(arrays, values, strict=True):
+            array.append(value)
+
+    def extend(self, columns: Mapping[str, list]) -> None:
+        """Append many samples given as whole columns (all of the same length)."""
+        for name, array in self.columns.items():
+            array.extend(columns[name])
+
+    def detach(self) -> ColumnBatch:
+        """Hand over the samples so far as a new batch, leaving this one empty."""
+        taken = ColumnBatch((), self.constants)
+        taken.columns = self.columns
+        self.columns = {name: [] for name in self.columns}
+        return taken
+
+    def take_events(self, routing_key: str | None) -> list[PendingEvent]:
+        """Serialize the batch (split if over the size limit) and empty it."""
+        if not len(self):
+            return []
+        events = columns_to_events(self.columns, self.constants, routing_key)
+        self.columns = {name: [] for name in self.columns}
+        return events
+
+
+def columns_to_events(
+    columns: Mapping[str, list], constants: Mapping[str, Any], routing_key: str | None
+) -> list[PendingEvent]:
+    times = columns[TIME_COLUMN]
+    document = {**columns, **constants, "LastTimestampFormatted": format_timestamp(times[-1])}
+    payload = encode_json(document)
+    if len(payload) <= MAX_EVENT_SIZE or len(times) == 1:
+        return [PendingEvent(payload, routing_key, min(times), max(times), len(times))]
+    half = len(times) // 2
+    first = {name: array[:half] for name, array in columns.items()}
+    second = {name: array[half:] for name, array in columns.items()}
+    return columns_to_events(first, constants, routing_key) + columns_to_events(
+        second, constants, routing_key
+    )

@@ -1,0 +1,75 @@
+"""`sluice collect [--config collector.toml]` and `sluice collect status`.
+
+Without `--config`, `./collector.toml` is read if it exists; instances may also (or only)
+come from `PRAVEGA_SENSOR_COLLECTOR_*` environment variables. The global `--store` sets the
+store of instances that name none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+from collectors.config import CollectorConfig, load_config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    collect = subparsers.add_parser(
+        "collect",
+        help="run the edge collector (drivers -> SQLite buffer -> stream, exactly-once)",
+        description="Run every configured collector instance until SIGTERM/SIGINT, then drain.",
+    )
+    _config_option(collect, None)
+    collect.add_argument(
+        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+    )
+    collect.set_defaults(func=_run)
+    actions = collect.add_subparsers(dest="collect_action", metavar="ACTION")
+    status = actions.add_parser("status", help="buffer depth, last committed sample, lag, errors")
+    _config_option(status, argparse.SUPPRESS)
+    status.add_argument("--json", action="store_true", help="print JSON instead of text")
+    status.set_defaults(func=_status)
+
+
+def _config_option(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=default,
+        metavar="TOML",
+        help="collector configuration (default: ./collector.toml if present)",
+    )
+
+
+def _load(args: argparse.Namespace) -> CollectorConfig:
+    from pipeline.config import default_store_uri, sluice_home
+
+    path = args.config
+    if path is None and Path("collector.toml").exists():
+        path = Path("collector.toml")
+    return load_config(path, os.environ, default_store_uri(), sluice_home(), args.store)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from collectors.failpoints import ENV_VAR, Failpoints
+    from collectors.service import run_service
+
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = _load(args)
+    return run_service(config, Failpoints(os.environ.get(ENV_VAR)))
+
+
+def _status(args: argparse.Namespace) -> int:
+    from collectors.status import collect_status, format_status
+
+    statuses = collect_status(_load(args))
+    if args.json:
+        print(json.dumps([s.as_dict() for s in statuses], indent=2))
+    else:
+        print(format_status(statuses))
+    return 0

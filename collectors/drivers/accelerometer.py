@@ -1,0 +1,139 @@
+"""Accelerometer driver: the Linux IIO buffer of an ST lng2dm (or any 3-axis IIO device).
+
+The device (or a FIFO standing in for it) yields 16-byte little-endian records:
+
+    x, y, z: int8 | 5 pad bytes | timestamp: int64 nanoseconds since the epoch
+
+Each axis is multiplied by its `in_accel_{x,y,z}_scale` read once from the device's sysfs
+directory, and events are written as the reference's AccelerometerDriver writes them:
+
+    {"TimestampNanos":[...],"X":[...],"Y":[...],"Z":[...],"RemoteAddr":"<host>",
+     "LastTimestampFormatted":"..."}
+
+The device is read without blocking (poll with a timeout), so a stop request is honoured
+within a quarter second even when no data flows. When the writer of a FIFO goes away the
+FIFO is opened again and reading resumes with the next writer; a record split across two
+reads is joined.
+
+Delivery guarantee: **exactly-once from the buffer on**. Records of the batch being filled
+live in memory and are lost on a crash (a clean stop buffers them); the kernel's IIO buffer
+cannot be re-read, so nothing better is possible for them.
+
+Settings: `device_file` (required; e.g. /dev/iio:device0), `sysfs_dir` (required; e.g.
+/sys/bus/iio/devices/iio:device0).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from collectors.batch import ColumnBatch
+from collectors.config import InstanceConfig
+from collectors.errors import DriverError
+from collectors.instance import DriverContext
+from collectors.settings import SettingsReader
+
+RECORD = struct.Struct("<bbb5xq")
+RECORD_SIZE = RECORD.size  # 16
+READ_SIZE = RECORD_SIZE * 256
+AXES = ("x", "y", "z")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    device_file: Path
+    sysfs_dir: Path
+
+
+def parse_options(r: SettingsReader) -> Options:
+    return Options(device_file=r.path("device_file"), sysfs_dir=r.path("sysfs_dir"))
+
+
+def create(config: InstanceConfig) -> AccelerometerDriver:
+    options: Options = config.options
+    scales = []
+    for axis in AXES:
+        path = options.sysfs_dir / f"in_accel_{axis}_scale"
+        try:
+            scales.append(float(path.read_text().split()[0]))
+        except (OSError, ValueError, IndexError) as exc:
+            problem = f"cannot read the {axis} scale from {path}: {exc}"
+            raise DriverError(config.name, "accelerometer", problem) from None
+    if not options.device_file.exists():
+        problem = f"device file {options.device_file} does not exist"
+        raise DriverError(config.name, "accelerometer", problem)
+    return AccelerometerDriver(config, tuple(scales))
+
+
+class AccelerometerDriver:
+    """Reads 16-byte IIO records, scales them, batches them into events."""
+
+    def __init__(self, config: InstanceConfig, scales: tuple[float, ...]) -> None:
+        self.config = config
+        self.options: Options = config.options
+        self.scales = scales
+        self.is_fifo = stat.S_ISFIFO(os.stat(self.options.device_file).st_mode)
+        self.constants = {"RemoteAddr": config.routing_key or ""}
+
+    def run(self, ctx: DriverContext) -> None:
+        batch = ColumnBatch(("X", "Y", "Z"), self.constants)
+        partial = b""
+        fd = self._open()
+        try:
+            while ctx.running:
+                data = self._read(fd, ctx)
+                if data is None:
+                    continue
+                if not data:  # end of file: the FIFO's writer left, or a file ended
+                    fd = self._after_eof(fd, ctx)
+                    continue
+                partial = self._decode(partial + data, batch)
+                if len(batch) >= self.config.samples_per_event:
+                    ctx.append(batch.take_events(self.config.routing_key))
+        finally:
+            os.close(fd)
+        if len(batch):
+            ctx.append(batch.take_events(self.config.routing_key))
+        if partial:
+            ctx.log.warning("stopped with %d bytes of an incomplete record", len(partial))
+
+    def _open(self) -> int:
+        return os.open(self.options.device_file, os.O_RDONLY | os.O_NONBLOCK)
+
+    def _read(self, fd: int, ctx: DriverContext) -> bytes | None:
+        """Up to READ_SIZE bytes; b"" at end of file; None if nothing came within 0.25 s."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        if not poller.poll(250):
+            return None
+        try:
+            return os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.EINTR:
+                return None
+            ctx.error("read", f"cannot read {self.options.device_file}: {exc}")
+            ctx.wait(1.0)
+            return None
+
+    def _after_eof(self, fd: int, ctx: DriverContext) -> int:
+        ctx.wait(0.05)
+        if not self.is_fifo:
+            return fd
+        os.close(fd)
+        return self._open()
+
+    def _decode(self, data: bytes, batch: ColumnBatch) -> bytes:
+        """Add every whole record of `data` to `batch`; return the incomplete tail."""
+        whole = len(data) - len(data) % RECORD_SIZE
+        sx, sy, sz = self.scales
+        for x, y, z, timestamp in RECORD.iter_unpack(data[:whole]):
+            batch.add(timestamp, (x * sx, y * sy, z * sz))
+        return data[whole:]

@@ -1,0 +1,366 @@
+"""Files driver: CSV or Parquet files dropped into directories, each ingested exactly once.
+
+Every `scan_interval_ms` the directories are listed; files with the configured extension
+that have not changed for `settle_ms` (so are no longer being written) are taken in name
+order. Hidden files and names ending in .tmp, .part, .partial or ~ are never taken: write a
+file under such a name and rename it when complete, and it is never seen half-written.
+
+For each file:
+
+1. the whole file is read and checked (`tabular.validate`); a malformed one is moved to the
+   failed folder with a `<name>.reason.txt` beside it, before any row of it is buffered;
+2. its rows are batched into events (`samples_per_event` rows each, as a JSON array of
+   row objects like the reference's CSV ingest) and appended to the buffer, up to 100
+   events per SQLite commit; the SAME commit records the file (path, size, mtime, inode)
+   and how many rows are buffered, and the last one marks it done;
+3. a done file is deleted (`delete_completed`), moved to `completed_dir`, or left in place
+   (and remembered, so it is not taken again while it is unchanged).
+
+Delivery guarantee: **exactly-once per file**, across crashes at any point. The file's
+progress and its rows enter the buffer in one SQLite transaction, and the buffer reaches the
+stream exactly once (`coordinator.py`). The reference commits the stream transaction before
+recording the file, so a crash in between sends the file twice; here nothing is committed
+to the stream that the buffer has not recorded first. A file that changes while being
+ingested is moved to the failed folder with the number of rows already sent.
+
+Settings: `directories` (required; the reference's FILE_SPEC), `format` (csv or parquet),
+`extension` (default: the format's), `settle_ms` (default 5000), `scan_interval_ms`
+(default 1000), `delete_completed` (default false), `completed_dir`, `failed_dir` (default
+`<buffer dir>/<instance>.failed`), `time_column` and `time_unit` (ns, us, ms, s, iso; rows
+without a time column take the file's modification time), `delimiter` (CSV, default ",").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from collectors.batch import encode_json
+from collectors.buffer import Appended
+from collectors.config import InstanceConfig
+from collectors.drivers.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
+from collectors.errors import DriverError
+from collectors.instance import DriverContext
+from collectors.settings import SettingsReader
+from collectors.state import PendingEvent
+
+EVENTS_PER_COMMIT = 100
+FILE_STATE_VERSION = 1
+_IN_PROGRESS_SUFFIXES = (".tmp", ".part", ".partial", "~")
+
+FILES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    path TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    inode INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('ingesting', 'done')),
+    rows_done INTEGER NOT NULL,
+    events INTEGER NOT NULL,
+    updated_ns INTEGER NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    directories: tuple[Path, ...]
+    table: TableFormat
+    extension: str
+    settle_ms: int
+    scan_interval_ms: int
+    delete_completed: bool
+    completed_dir: Path | None
+    failed_dir: Path | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A row of `files` in the buffer (version 1): how far a file's ingestion got."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    inode: int
+    state: Literal["ingesting", "done"]
+    rows_done: int
+    events: int
+
+    def same_file(self, st: os.stat_result) -> bool:
+        return (self.size, self.mtime_ns, self.inode) == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def parse_options(r: SettingsReader) -> Options:
+    kind = r.choice("format", ("csv", "parquet"), "csv")
+    time_column = r.text("time_column", None)
+    table = TableFormat(
+        kind=kind,
+        time_column=time_column,
+        time_unit=r.choice("time_unit", tuple(TIME_UNITS), "ns"),
+        delimiter=r.text("delimiter", ","),
+    )
+    if len(table.delimiter) != 1:
+        r.fail("delimiter", "must be one character")
+    if r.has("when_full") and r.text("when_full") == "shed":
+        r.fail("when_full", "cannot be shed for files", "files wait on disk: use block")
+    extension = r.text("extension", kind).lstrip(".")
+    return Options(
+        directories=tuple(Path(d).expanduser() for d in r.texts("directories")),
+        table=table,
+        extension=extension or kind,
+        settle_ms=r.integer("settle_ms", 5000, minimum=0),
+        scan_interval_ms=r.integer("scan_interval_ms", 1000, minimum=10),
+        delete_completed=r.flag("delete_completed", False),
+        completed_dir=r.path("completed_dir", None) if r.has("completed_dir") else None,
+        failed_dir=r.path("failed_dir", None) if r.has("failed_dir") else None,
+    )
+
+
+def create(config: InstanceConfig) -> FilesDriver:
+    options: Options = config.options
+    for directory in options.directories:
+        if not directory.is_dir():
+            problem = f"directory {directory} does not exist (set directories / FILE_SPEC)"
+            raise DriverError(config.name, "files", problem)
+    return FilesDriver(config)
+
+
+class FilesDriver:
+    """Scans directories and ingests each settled file exactly once."""
+
+    def __init__(self, config: InstanceConfig) -> None:
+        self.config = config
+        self.options: Options = config.options
+        default_failed = config.buffer_file.parent / f"{config.name}.failed"
+        self.failed_dir = self.options.failed_dir or default_failed
+
+    def run(self, ctx: DriverContext) -> None:
+        ctx.buffer.write(lambda c: c.execute(FILES_SCHEMA))
+        while ctx.running:
+            for path in self._candidates():
+                if not ctx.running:
+                    return
+                self._process(ctx, path)
+            self._prune(ctx)
+            ctx.wait(self.options.scan_interval_ms / 1000.0)
+
+    # --- finding files ----------------------------------------------------------------
+    def _candidates(self) -> list[Path]:
+        settled_before = time.time_ns() - self.options.settle_ms * 1_000_000
+        found = []
+        for directory in self.options.directories:
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue  # the directory went away: nothing to take from it now
+            for entry in entries:
+                if self._wanted(entry, settled_before):
+                    found.append(Path(entry.path))
+        return sorted(found, key=lambda p: (p.name, str(p)))
+
+    def _wanted(self, entry: os.DirEntry, settled_before: int) -> bool:
+        name = entry.name
+        if name.startswith(".") or name.endswith(_IN_PROGRESS_SUFFIXES):
+            return False
+        if not name.endswith("." + self.options.extension):
+            return False
+        try:
+            st = entry.stat()
+        except OSError:
+            return False
+        return entry.is_file() and st.st_mtime_ns <= settled_before
+
+    # --- one file ---------------------------------------------------------------------
+    def _process(self, ctx: DriverContext, path: Path) -> None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self._vanished(ctx, path)
+            return
+        record = _lookup(ctx, path)
+        if record is not None and record.same_file(st) and record.state == "done":
+            self._completed(ctx, path)
+            return
+        if record is not None and record.state == "ingesting" and not record.same_file(st):
+            self._changed(ctx, path, record)
+            return
+        if record is not None and record.state == "done":
+            record = None  # a new file under a name seen before
+        try:
+            validate(path, self.options.table)
+            ctx.failpoints.hit("files.after_validate")
+            if path.stat().st_mtime_ns != st.st_mtime_ns:
+                return  # written to while we read it: take it when it has settled
+            self._ingest(ctx, path, st, record.rows_done if record else 0)
+        except BadFile as exc:
+            self._fail(ctx, path, str(exc), record)
+        except FileNotFoundError:
+            self._vanished(ctx, path)
+
+    def _ingest(self, ctx: DriverContext, path: Path, st: os.stat_result, start: int) -> None:
+        state = FileRecord(str(path), st.st_size, st.st_mtime_ns, st.st_ino, "ingesting", start, 0)
+        chunk: list[PendingEvent] = []
+        for event in self._events(path, st, start):
+            chunk.append(event)
+            if len(chunk) >= EVENTS_PER_COMMIT:
+                state = self._commit(ctx, chunk, state, done=False)
+                if state is None or not self._unchanged(ctx, path, st, state):
+                    return
+                chunk = []
+        final = self._commit(ctx, chunk, state, done=True)
+        if final is not None:
+            ctx.log.info("ingested %s: %d rows in %d events", path, final.rows_done, final.events)
+            ctx.buffer.add_counters({"files_done": 1})
+            self._completed(ctx, path)
+
+    def _events(self, path: Path, st: os.stat_result, start: int) -> Iterator[PendingEvent]:
+        per_event = self.config.samples_per_event
+        batch: list[dict] = []
+        times: list[int] = []
+        for row, time_ns in rows(path, self.options.table, start):
+            batch.append(row)
+            times.append(st.st_mtime_ns if time_ns is None else time_ns)
+            if len(batch) >= per_event:
+                yield self._event(batch, times)
+                batch, times = [], []
+        if batch:
+            yield self._event(batch, times)
+
+    def _event(self, batch: list[dict], times: list[int]) -> PendingEvent:
+        payload = encode_json(batch)
+        return PendingEvent(payload, self.config.routing_key, min(times), max(times), len(batch))
+
+    def _commit(
+        self, ctx: DriverContext, events: list[PendingEvent], state: FileRecord, done: bool
+    ) -> FileRecord | None:
+        """Buffer `events` and the file's new progress in one SQLite commit."""
+        new = FileRecord(
+            state.path,
+            state.size,
+            state.mtime_ns,
+            state.inode,
+            "done" if done else "ingesting",
+            state.rows_done + sum(e.samples for e in events),
+            state.events + len(events),
+        )
+        if ctx.append(events, hook=lambda c: _save(c, new)) is not Appended.STORED:
+            return None  # stopping while the buffer is full: resume from the last commit
+        ctx.failpoints.hit("files.after_chunk")
+        return new
+
+    def _unchanged(
+        self, ctx: DriverContext, path: Path, st: os.stat_result, state: FileRecord
+    ) -> bool:
+        try:
+            now = path.stat()
+        except FileNotFoundError:
+            now = None
+        if now is not None and state.same_file(now):
+            return True
+        self._changed(ctx, path, state)
+        return False
+
+    # --- endings ----------------------------------------------------------------------
+    def _completed(self, ctx: DriverContext, path: Path) -> None:
+        try:
+            if self.options.delete_completed:
+                path.unlink()
+            elif self.options.completed_dir is not None:
+                _move(path, self.options.completed_dir)
+            else:
+                return
+        except FileNotFoundError:
+            return
+        ctx.failpoints.hit("files.after_cleanup")
+
+    def _fail(self, ctx: DriverContext, path: Path, reason: str, record: FileRecord | None) -> None:
+        """Move a bad file to the failed folder, its reason written beside it first."""
+        if record is not None and record.rows_done:
+            reason += f" ({record.rows_done} earlier rows of it were already sent)"
+        self.failed_dir.mkdir(parents=True, exist_ok=True)
+        target = _free_name(self.failed_dir / path.name)
+        note = target.with_name(target.name + ".reason.txt")
+        note.write_text(f"{path}\n{reason}\ninstance {self.config.name}, {time.ctime()}\n")
+        try:
+            _move(path, self.failed_dir, target)
+        except FileNotFoundError:
+            note.unlink(missing_ok=True)
+            self._vanished(ctx, path)
+            return
+        if record is not None:
+            _forget(ctx, path)
+        ctx.error("file", f"{path} moved to {target}: {reason}", every=0.0)
+        ctx.buffer.add_counters({"files_failed": 1})
+
+    def _changed(self, ctx: DriverContext, path: Path, record: FileRecord) -> None:
+        reason = "the file changed while it was being ingested"
+        if path.exists():
+            self._fail(ctx, path, reason, record)
+        else:
+            _forget(ctx, path)
+            ctx.error("file", f"{path} disappeared after {record.rows_done} rows were sent")
+
+    def _vanished(self, ctx: DriverContext, path: Path) -> None:
+        ctx.log.warning("%s disappeared before it was read: skipped", path)
+        ctx.buffer.add_counters({"files_vanished": 1})
+
+    def _prune(self, ctx: DriverContext) -> None:
+        """Forget done files that are gone from their directory."""
+        done = ctx.buffer.conn.execute("SELECT path FROM files WHERE state = 'done'").fetchall()
+        gone = [(p,) for (p,) in done if not os.path.exists(p)]
+        if gone:
+            ctx.buffer.write(lambda c: c.executemany("DELETE FROM files WHERE path = ?", gone))
+
+
+def _lookup(ctx: DriverContext, path: Path) -> FileRecord | None:
+    row = ctx.buffer.conn.execute(
+        "SELECT path, size, mtime_ns, inode, state, rows_done, events FROM files WHERE path = ?",
+        (str(path),),
+    ).fetchone()
+    return FileRecord(*row) if row else None
+
+
+def _save(c: sqlite3.Connection, record: FileRecord) -> None:
+    c.execute(
+        "INSERT OR REPLACE INTO files (path, version, size, mtime_ns, inode, state, rows_done,"
+        " events, updated_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.path,
+            FILE_STATE_VERSION,
+            record.size,
+            record.mtime_ns,
+            record.inode,
+            record.state,
+            record.rows_done,
+            record.events,
+            time.time_ns(),
+        ),
+    )
+
+
+def _forget(ctx: DriverContext, path: Path) -> None:
+    ctx.buffer.write(lambda c: c.execute("DELETE FROM files WHERE path = ?", (str(path),)))
+
+
+def _free_name(target: Path) -> Path:
+    if not target.exists():
+        return target
+    return target.with_name(f"{target.name}.{time.time_ns()}")
+
+
+def _move(path: Path, directory: Path, target: Path | None = None) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    target = target or _free_name(directory / path.name)
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        shutil.move(path, target)  # another filesystem

@@ -1,0 +1,258 @@
+"""MQTT driver: messages from subscribed topics, batched into events.
+
+Connects with paho-mqtt under a fixed client id and a persistent session (clean_session
+false), so the broker keeps queuing messages while the collector is down or busy. Messages
+are acknowledged by hand (paho's `manual_ack`) and only after the SQLite commit that stores
+them has returned, then batched into events:
+
+    {"TimestampNanos":[...],"Topic":[...],"Payload":[...],"RemoteAddr":"<host>",
+     "LastTimestampFormatted":"..."}
+
+`TimestampNanos` is the time of receipt (MQTT carries none). `payload_format` decides what
+`Payload` holds: `text` (UTF-8), `json` (the parsed value) or `base64`. A message that does
+not decode is quarantined in the buffer with the reason (see `sluice collect status`), and
+acknowledged: it is kept, not lost, and not redelivered forever.
+
+QoS: the subscription asks for QoS 1 even when `qos = 2` is configured (messages published
+at QoS 2 then arrive at QoS 1). paho answers a QoS 2 message with PUBREC before the
+application sees it, so a crash right after would lose a message the broker believes
+delivered; with QoS 1 nothing is acknowledged before it is buffered.
+
+Delivery guarantee: **at-least-once** into the buffer, exactly-once from the buffer on. A
+crash after the SQLite commit but before the PUBACK makes the broker redeliver that batch;
+MQTT gives no stable message identity (packet ids are reused) to tell the copy apart, so it
+is buffered again. Nothing is ever acknowledged and then lost.
+
+Flow control: the broker stops sending once `max_inflight` messages await their PUBACK
+(mosquitto's `max_inflight_messages`, default 20), so a batch is committed when it has
+`samples_per_event` messages, when that many are waiting, or `max_delay_ms` after its first.
+
+Settings: `topics` (required), `host` (localhost), `port` (1883), `qos` (1 or 2),
+`client_id`, `username`, `password`, `tls`, `ca_file`, `keepalive` (60), `payload_format`,
+`max_inflight` (20), `max_delay_ms` (200).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collectors.batch import columns_to_events
+from collectors.buffer import Appended
+from collectors.config import InstanceConfig
+from collectors.errors import DriverError
+from collectors.instance import DriverContext
+from collectors.settings import SettingsReader
+from collectors.state import PendingEvent
+from pipeline.streams import MAX_EVENT_SIZE
+
+_LARGEST_PAYLOAD = MAX_EVENT_SIZE - 64 * 1024  # leave room for the event's other fields
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    host: str
+    port: int
+    topics: tuple[str, ...]
+    qos: int
+    client_id: str | None
+    username: str | None
+    password: str | None
+    tls: bool
+    ca_file: Path | None
+    keepalive: int
+    payload_format: str
+    max_inflight: int
+    max_delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    time_ns: int
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    session: int  # which connection it came on: a PUBACK only means something on that one
+
+
+def parse_options(r: SettingsReader) -> Options:
+    topics = r.texts("topics")
+    for topic in topics:
+        if "#" in topic[:-1] or any("+" in p and p != "+" for p in topic.split("/")):
+            r.fail("topics", f"has an invalid topic filter {topic!r}")
+    qos = r.integer("qos", 1)
+    if qos not in (1, 2):
+        r.fail("qos", "must be 1 or 2 (QoS 0 cannot be acknowledged after buffering)")
+    return Options(
+        host=r.text("host", "localhost"),
+        port=r.integer("port", 1883, minimum=1),
+        topics=topics,
+        qos=qos,
+        client_id=r.text("client_id", None),
+        username=r.text("username", None),
+        password=r.text("password", None),
+        tls=r.flag("tls", False),
+        ca_file=r.path("ca_file", None) if r.has("ca_file") else None,
+        keepalive=r.integer("keepalive", 60, minimum=5),
+        payload_format=r.choice("payload_format", ("text", "json", "base64"), "text"),
+        max_inflight=r.integer("max_inflight", 20, minimum=1),
+        max_delay_ms=r.integer("max_delay_ms", 200, minimum=1),
+    )
+
+
+def create(config: InstanceConfig) -> MqttDriver:
+    options: Options = config.options
+    if options.ca_file is not None and not options.ca_file.is_file():
+        raise DriverError(config.name, "mqtt", f"ca_file {options.ca_file} does not exist")
+    return MqttDriver(config)
+
+
+class MqttDriver:
+    """A paho client on its own network thread; this thread batches, buffers and acks."""
+
+    def __init__(self, config: InstanceConfig) -> None:
+        self.config = config
+        self.options: Options = config.options
+        self.client_id = self.options.client_id or f"sluice-{socket.gethostname()}-{config.name}"
+        self.constants = {"RemoteAddr": config.routing_key or ""}
+        self.inbox: queue.Queue[Received] = queue.Queue(maxsize=10_000)
+        self.session = 0
+        self.closing = threading.Event()
+
+    def run(self, ctx: DriverContext) -> None:
+        if self.options.qos == 2:
+            ctx.log.warning("subscribing at QoS 1, not 2: see collectors/drivers/mqtt.py")
+        client = self._client(ctx)
+        client.connect_async(self.options.host, self.options.port, self.options.keepalive)
+        client.loop_start()
+        try:
+            self._pump(ctx, client)
+        finally:
+            self.closing.set()
+            _drain(self.inbox)  # unblock the network thread; these were not acknowledged
+            client.disconnect()
+            client.loop_stop()
+
+    def _client(self, ctx: DriverContext) -> Any:
+        import paho.mqtt.client as mqtt
+
+        client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            clean_session=False,
+            protocol=mqtt.MQTTv311,
+            manual_ack=True,
+        )
+        if self.options.username:
+            client.username_pw_set(self.options.username, self.options.password)
+        if self.options.tls:
+            client.tls_set(ca_certs=str(self.options.ca_file) if self.options.ca_file else None)
+        client.reconnect_delay_set(1, 30)
+        client.on_connect = lambda c, _u, _f, code, _p: self._on_connect(ctx, c, code)
+        client.on_disconnect = lambda _c, _u, _f, code, _p: self._on_disconnect(ctx, code)
+        client.on_message = lambda _c, _u, message: self._on_message(message)
+        return client
+
+    def _on_connect(self, ctx: DriverContext, client: Any, code: Any) -> None:
+        if code.is_failure:
+            ctx.error("connect", f"broker {self.options.host}:{self.options.port} refused: {code}")
+            return
+        self.session += 1
+        client.subscribe([(topic, 1) for topic in self.options.topics])
+        ctx.log.info("connected to %s:%d", self.options.host, self.options.port)
+
+    def _on_disconnect(self, ctx: DriverContext, code: Any) -> None:
+        if not self.closing.is_set():
+            ctx.log.warning("disconnected from the broker (%s): reconnecting", code)
+
+    def _on_message(self, message: Any) -> None:
+        if self.closing.is_set():
+            return  # not acknowledged: the broker sends it again next session
+        received = Received(
+            time.time_ns(), message.topic, message.payload, message.mid, message.qos, self.session
+        )
+        self.inbox.put(received)
+
+    def _pump(self, ctx: DriverContext, client: Any) -> None:
+        pending: list[Received] = []
+        first_at = 0.0
+        max_delay = self.options.max_delay_ms / 1000.0
+        limit = min(self.config.samples_per_event, self.options.max_inflight)
+        while ctx.running:
+            wait = 0.25 if not pending else max(0.0, first_at + max_delay - time.monotonic())
+            try:
+                pending.append(self.inbox.get(timeout=wait))
+                first_at = first_at if len(pending) > 1 else time.monotonic()
+            except queue.Empty:
+                pass
+            if pending and (len(pending) >= limit or time.monotonic() - first_at >= max_delay):
+                self._flush(ctx, client, pending)
+                pending = []
+        if pending:
+            self._flush(ctx, client, pending)
+
+    def _flush(self, ctx: DriverContext, client: Any, batch: list[Received]) -> None:
+        """Buffer the batch (bad messages quarantined) in one commit, then acknowledge it."""
+        good, bad = self._decode(batch)
+        events: list[PendingEvent] = []
+        if good:
+            columns = {
+                "TimestampNanos": [m.time_ns for m, _ in good],
+                "Topic": [m.topic for m, _ in good],
+                "Payload": [value for _, value in good],
+            }
+            events = columns_to_events(columns, self.constants, self.config.routing_key)
+
+        def quarantine(c: Any) -> None:
+            for message, reason in bad:
+                ctx.buffer.quarantine(c, f"mqtt {message.topic}", reason, message.payload)
+
+        if ctx.append(events, hook=quarantine if bad else None) is Appended.STOPPED:
+            return
+        for message, reason in bad:
+            ctx.log.warning("quarantined a message from %s: %s", message.topic, reason)
+        for message in batch:
+            if message.qos > 0 and message.session == self.session:
+                client.ack(message.mid, message.qos)
+
+    def _decode(self, batch: list[Received]) -> tuple[list, list]:
+        good: list[tuple[Received, Any]] = []
+        bad: list[tuple[Received, str]] = []
+        for message in batch:
+            if len(message.payload) > _LARGEST_PAYLOAD:
+                bad.append((message, f"payload of {len(message.payload)} bytes is too large"))
+                continue
+            try:
+                good.append((message, self._payload(message.payload)))
+            except ValueError as exc:
+                bad.append((message, f"payload is not {self.options.payload_format}: {exc}"))
+        return good, bad
+
+    def _payload(self, payload: bytes) -> Any:
+        if self.options.payload_format == "base64":
+            return base64.b64encode(payload).decode()
+        text = payload.decode("utf-8")  # UnicodeDecodeError is a ValueError
+        if self.options.payload_format == "json":
+            return json.loads(text, parse_constant=_refuse_constant)
+        return text
+
+
+def _refuse_constant(name: str) -> Any:
+    msg = f"{name} is not valid JSON"
+    raise ValueError(msg)
+
+
+def _drain(inbox: queue.Queue) -> None:
+    while True:
+        try:
+            inbox.get_nowait()
+        except queue.Empty:
+            return

@@ -1,0 +1,71 @@
+"""Typed errors of the edge collector.
+
+Each carries its context as fields and a message that says what to do next. All derive from
+`pipeline.errors.SluiceError`, so `sluice collect` prints any of them as one line and exits 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import SluiceError
+
+
+class CollectorError(SluiceError):
+    """Base class of every error the collector raises on purpose."""
+
+
+class ConfigError(CollectorError, ValueError):
+    """A collector setting is missing, unknown or out of range (found at start-up)."""
+
+    def __init__(self, where: str, problem: str, hint: str = "") -> None:
+        self.where, self.problem, self.hint = where, problem, hint
+        msg = f"collector config: {where}: {problem}"
+        if hint:
+            msg = f"{msg}; {hint}"
+        super().__init__(msg)
+
+
+class BufferLocked(CollectorError):
+    """Another collector process already owns this instance's buffer."""
+
+    def __init__(self, instance: str, path: Path) -> None:
+        self.instance, self.path = instance, path
+        msg = (
+            f"instance {instance}: buffer {path} is in use by another running collector; "
+            "stop that one first (two senders on one buffer could send a batch twice)"
+        )
+        super().__init__(msg)
+
+
+class BufferSchemaError(CollectorError):
+    """The buffer file was written by a newer collector, or is not a collector buffer."""
+
+    def __init__(self, path: Path, found: int, supported: int) -> None:
+        self.path, self.found, self.supported = path, found, supported
+        msg = (
+            f"buffer {path} has schema version {found}, this collector reads up to "
+            f"{supported}: run the newer collector, or move the file away to start afresh"
+        )
+        super().__init__(msg)
+
+
+class BufferCorrupt(CollectorError):
+    """The buffer's own invariants do not hold (a bug or a hand-edited file)."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        self.path, self.detail = path, detail
+        msg = (
+            f"buffer {path} is inconsistent: {detail}; keep the file for inspection and "
+            "report it (nothing was sent for the rows involved)"
+        )
+        super().__init__(msg)
+
+
+class DriverError(CollectorError):
+    """A driver cannot start: its device, interface, directory or broker is not usable."""
+
+    def __init__(self, instance: str, driver: str, problem: str) -> None:
+        self.instance, self.driver, self.problem = instance, driver, problem
+        msg = f"instance {instance} ({driver}): {problem}"
+        super().__init__(msg)

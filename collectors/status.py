@@ -1,0 +1,140 @@
+"""`sluice collect status`: per instance, what its buffer file says.
+
+Read from each instance's SQLite buffer (safe while the collector runs: WAL readers never
+block the writer): buffer depth, the newest sample time committed to the stream and the lag
+behind now, the oldest sample still waiting, shed and quarantined counts, transactions
+awaiting a decision, and the last errors. Whether the instance runs is told by its lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from collectors.batch import format_timestamp
+from collectors.config import CollectorConfig, InstanceConfig
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    name: str
+    driver: str
+    stream: str
+    buffer_file: str
+    running: bool
+    sender_state: str | None = None
+    depth_events: int = 0
+    queued_samples: int = 0
+    capacity_events: int = 0
+    pending_txns: int = 0
+    doubtful_txns: int = 0
+    last_committed_ns: int | None = None
+    lag_seconds: float | None = None
+    oldest_buffered_ns: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    last_errors: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def collect_status(config: CollectorConfig, now_ns: int | None = None) -> list[InstanceStatus]:
+    now_ns = now_ns or time.time_ns()
+    return [instance_status(inst, now_ns) for inst in config.instances]
+
+
+def instance_status(inst: InstanceConfig, now_ns: int) -> InstanceStatus:
+    base = {
+        "name": inst.name,
+        "driver": inst.driver,
+        "stream": inst.stream,
+        "buffer_file": str(inst.buffer_file),
+        "capacity_events": inst.capacity_events,
+        "running": _is_running(inst.buffer_file),
+    }
+    if not inst.buffer_file.exists():
+        return InstanceStatus(**base, sender_state="never started")
+    conn = sqlite3.connect(f"file:{inst.buffer_file}?mode=ro", uri=True, timeout=10.0)
+    try:
+        return InstanceStatus(**base, **_read(conn, now_ns))
+    finally:
+        conn.close()
+
+
+def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
+    low, high, oldest = conn.execute("SELECT min(id), max(id), min(min_ns) FROM events").fetchone()
+    queued_after = conn.execute(
+        "SELECT coalesce(max(last_id), 0) FROM txns WHERE state IN ('ready', 'doubtful')"
+    ).fetchone()[0]
+    queued_samples = conn.execute(
+        "SELECT coalesce(sum(samples), 0) FROM events WHERE id > ?", (queued_after,)
+    ).fetchone()[0]
+    states = dict(conn.execute("SELECT state, count(*) FROM txns GROUP BY state"))
+    meta = dict(conn.execute("SELECT key, value FROM meta"))
+    last = int(meta["last_committed_ns"]) if "last_committed_ns" in meta else None
+    errors = [
+        {"time": format_timestamp(t), "source": s, "message": m}
+        for t, s, m in conn.execute(
+            "SELECT time_ns, source, message FROM errors ORDER BY id DESC LIMIT 5"
+        )
+    ]
+    return {
+        "sender_state": meta.get("sender_state"),
+        "depth_events": 0 if low is None else high - low + 1,
+        "queued_samples": queued_samples,
+        "pending_txns": states.get("open", 0) + states.get("ready", 0),
+        "doubtful_txns": states.get("doubtful", 0),
+        "last_committed_ns": last,
+        "lag_seconds": None if last is None else max(0.0, (now_ns - last) / 1e9),
+        "oldest_buffered_ns": oldest,
+        "counters": dict(conn.execute("SELECT name, value FROM counters ORDER BY name")),
+        "last_errors": errors,
+    }
+
+
+def _is_running(buffer_file: Path) -> bool:
+    lock = buffer_file.with_name(buffer_file.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def format_status(statuses: list[InstanceStatus]) -> str:
+    """A human-readable report, one block per instance."""
+    blocks = []
+    for s in statuses:
+        c = s.counters
+        lines = [
+            f"{s.name} ({s.driver} -> {s.stream}): {'running' if s.running else 'not running'}"
+            + (f", sender {s.sender_state}" if s.sender_state else ""),
+            f"  buffer: {s.depth_events}/{s.capacity_events} events "
+            f"({s.queued_samples} samples waiting), {s.buffer_file}",
+            f"  last committed sample: {_time(s.last_committed_ns)}"
+            + (f" (lag {s.lag_seconds:.1f}s)" if s.lag_seconds is not None else ""),
+            f"  oldest buffered sample: {_time(s.oldest_buffered_ns)}",
+            f"  committed: {c.get('samples_committed', 0)} samples in "
+            f"{c.get('events_committed', 0)} events, {c.get('txns_committed', 0)} txns; "
+            f"shed: {c.get('samples_shed', 0)} samples; quarantined: {c.get('quarantined', 0)}; "
+            f"blocked: {c.get('blocked_ms', 0) / 1000:.1f}s",
+            f"  transactions awaiting commit: {s.pending_txns}; doubtful: {s.doubtful_txns}; "
+            f"errors: {c.get('errors', 0)}",
+        ]
+        lines += [f"    {e['time']} {e['source']}: {e['message']}" for e in s.last_errors]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _time(ns: int | None) -> str:
+    return "none" if ns is None else format_timestamp(ns)

@@ -1,0 +1,134 @@
+"""Helpers for collector tests: write a collector.toml, load it, run instances, read streams."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from collectors.config import CollectorConfig, load_config
+from collectors.failpoints import Failpoints
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def toml_text(collector: dict, instances: dict[str, dict]) -> str:
+    lines = ["[collector]"] + [f"{k} = {toml_value(v)}" for k, v in collector.items()]
+    for name, table in instances.items():
+        lines += ["", f"[instances.{name}]"] + [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def write_config(tmp_path, store_dir) -> Callable[..., Path]:
+    """Write a collector.toml with a store and state dir under tmp_path; return its path."""
+
+    def write(instances: dict[str, dict], **collector: object) -> Path:
+        collector.setdefault("store", f"embedded:{store_dir}")
+        collector.setdefault("state_dir", str(tmp_path / "state"))
+        collector.setdefault("drain_timeout_seconds", 20)
+        path = tmp_path / "collector.toml"
+        path.write_text(toml_text(collector, instances))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def make_config(write_config, tmp_path) -> Callable[..., CollectorConfig]:
+    def make(
+        instances: dict[str, dict], environ: dict | None = None, **collector
+    ) -> CollectorConfig:
+        path = write_config(instances, **collector)
+        return load_config(path, environ or {}, "embedded:/nowhere", tmp_path / "home")
+
+    return make
+
+
+class RunningService:
+    """`run_service` on a thread of this process, stopped by `stop()`."""
+
+    def __init__(self, config: CollectorConfig, failpoints: Failpoints | None = None) -> None:
+        from collectors.service import run_service
+
+        self.stop_event = threading.Event()
+        self.result: list[object] = []
+
+        def target() -> None:
+            try:
+                self.result.append(
+                    run_service(
+                        config, failpoints or Failpoints(), self.stop_event, install_signals=False
+                    )
+                )
+            except BaseException as exc:
+                self.result.append(exc)
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 60.0) -> object:
+        self.stop_event.set()
+        return self.wait(timeout)
+
+    def wait(self, timeout: float = 60.0) -> object:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the collector did not stop"
+        result = self.result[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+@pytest.fixture
+def service() -> Iterator[Callable[..., RunningService]]:
+    started: list[RunningService] = []
+
+    def start(config: CollectorConfig, failpoints: Failpoints | None = None) -> RunningService:
+        running = RunningService(config, failpoints)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.stop_event.set()
+        running.thread.join(60)
+
+
+def read_payloads(store_dir: Path, stream: str) -> list[dict]:
+    from pipeline.streams import open_store
+
+    with open_store(f"embedded:{store_dir}") as store:
+        if not store.stream_exists(stream):
+            return []
+        return [json.loads(e.payload) for e in store.read(stream)]
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120):
+    """Run `sluice ...` as a separate process (the way systemd runs it)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or REPO,
+        timeout=timeout,
+    )

@@ -1,0 +1,218 @@
+"""Running a streaming job: triggers, the `sluice` source, per-batch reports, the summary.
+
+Every streaming job (mirror, export, console, and any job added later) runs the same way:
+
+- `--available-now`: process everything up to the tail as it is at start, in batches sized
+  by admission control, then stop; `--continuous`: a batch every trigger interval, until
+  stopped (Ctrl-C stops the query cleanly after the batch in flight);
+- on the first start the source begins at `--from` (`head`, `tail` or a cut); later starts
+  resume from the checkpoint and ignore `--from`;
+- after each batch one `BatchReport` (cut range, events, rows, quarantined, lag) goes to the
+  `report` callback; the returned `JobSummary` adds them up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pipeline.errors import SluiceError
+from pipeline.spark.ledger import BatchLedger
+from pipeline.streams import StreamCut
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+Mode = Literal["available-now", "continuous"]
+
+
+class JobFailed(SluiceError):
+    """The Spark query of a job stopped with an error."""
+
+    def __init__(self, job: str, reason: str) -> None:
+        self.job, self.reason = job, reason
+        msg = f"{job} job failed: {reason}"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How a job runs: until caught up or continuously; where it starts; batch limits."""
+
+    mode: Mode = "available-now"
+    trigger_seconds: float = 10.0
+    starting: str = "head"
+    max_events: int | None = None
+    max_bytes: int | None = None
+    checkpoint: Path | None = None
+    #: continuous mode only: stop after this long (for tests and scheduled runs)
+    stop_after_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """What one micro-batch did."""
+
+    job: str
+    batch_id: int
+    start_cut: str | None
+    end_cut: str | None
+    events: int
+    rows: int
+    quarantined: int
+    lag_bytes: int | None
+    duration_ms: int
+
+    def line(self) -> str:
+        lag = "?" if self.lag_bytes is None else f"{self.lag_bytes} B"
+        return (
+            f"{self.job} batch {self.batch_id}: {self.events} events, {self.rows} rows, "
+            f"{self.quarantined} quarantined, lag {lag}, {self.duration_ms} ms, "
+            f"cuts {self.start_cut or 'start'} .. {self.end_cut}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """A run's batches and totals; `outputs` names what it wrote (job-specific)."""
+
+    job: str
+    checkpoint: str
+    batches: tuple[BatchReport, ...]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def events(self) -> int:
+        return sum(b.events for b in self.batches)
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def quarantined(self) -> int:
+        return sum(b.quarantined for b in self.batches)
+
+    @property
+    def start_cut(self) -> str | None:
+        return self.batches[0].start_cut if self.batches else None
+
+    @property
+    def end_cut(self) -> str | None:
+        return self.batches[-1].end_cut if self.batches else None
+
+    @property
+    def lag_bytes(self) -> int | None:
+        return self.batches[-1].lag_bytes if self.batches else None
+
+
+def source_frame(spark: SparkSession, store: str, stream: str, run: RunOptions) -> DataFrame:
+    """The `sluice` streaming source over `stream`, as the run options ask."""
+    reader = (
+        spark.readStream.format("sluice")
+        .option("store", store)
+        .option("stream", stream)
+        .option("startingCut", run.starting)
+        .option("minPartitions", str(max(2, spark.sparkContext.defaultParallelism)))
+    )
+    if run.max_events is not None:
+        reader = reader.option("maxEventsPerTrigger", str(run.max_events))
+    if run.max_bytes is not None:
+        reader = reader.option("maxBytesPerTrigger", str(run.max_bytes))
+    return reader.load()
+
+
+def with_trigger(writer: DataStreamWriter, run: RunOptions) -> DataStreamWriter:
+    if run.mode == "available-now":
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{run.trigger_seconds} seconds")
+
+
+def await_query(
+    job: str,
+    query: StreamingQuery,
+    run: RunOptions,
+    report: Callable[[BatchReport], None],
+    ledger: Path | None = None,
+) -> tuple[BatchReport, ...]:
+    """Wait for the query, reporting each batch; stop it on Ctrl-C or `stop_after_seconds`."""
+    seen: dict[int, BatchReport] = {}
+    started = time.monotonic()
+    try:
+        while not query.awaitTermination(0.5):
+            _collect(job, query, ledger, seen, report)
+            if run.stop_after_seconds and time.monotonic() - started > run.stop_after_seconds:
+                query.stop()
+    except KeyboardInterrupt:
+        query.stop()
+    except Exception as exc:  # StreamingQueryException: the query died
+        raise JobFailed(job, _first_line(exc)) from exc
+    _collect(job, query, ledger, seen, report)
+    return tuple(seen[k] for k in sorted(seen))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if "SluiceError" in line or "Error:" in line:
+            return line.strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _collect(
+    job: str,
+    query: StreamingQuery,
+    ledger: Path | None,
+    seen: dict[int, BatchReport],
+    report: Callable[[BatchReport], None],
+) -> None:
+    for progress in query.recentProgress:
+        batch_id = int(progress["batchId"])
+        if batch_id in seen or not progress["sources"]:
+            continue
+        source = progress["sources"][0]
+        start, end = _cut(source.get("startOffset")), _cut(source.get("endOffset"))
+        if start is not None and start == end:
+            continue  # an idle trigger: no batch ran
+        stats = _ledger_stats(ledger, batch_id)
+        events = int(progress["numInputRows"])
+        done = BatchReport(
+            job=job,
+            batch_id=batch_id,
+            start_cut=start,
+            end_cut=end,
+            events=events,
+            rows=int(stats.get("rows", events)),
+            quarantined=int(stats.get("quarantined", 0)),
+            lag_bytes=_lag(end, _cut(source.get("latestOffset"))),
+            duration_ms=int(progress["batchDuration"]),
+        )
+        seen[batch_id] = done
+        report(done)
+
+
+def _cut(offset: Any) -> str | None:
+    if offset is None:
+        return None
+    if isinstance(offset, str):
+        offset = json.loads(offset)
+    return offset.get("cut") if isinstance(offset, dict) else None
+
+
+def _lag(end: str | None, latest: str | None) -> int | None:
+    if end is None or latest is None:
+        return None
+    return StreamCut.parse(end).bytes_until(StreamCut.parse(latest))
+
+
+def _ledger_stats(ledger: Path | None, batch_id: int) -> dict[str, Any]:
+    if ledger is None or not ledger.exists():
+        return {}
+    with BatchLedger(ledger) as opened:
+        record = opened.get(batch_id)
+    return dict(record.stats or {}) if record is not None else {}

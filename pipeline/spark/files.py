@@ -1,0 +1,376 @@
+"""The `sluice-export` sink: flattened Parquet (zstd), CSV and JSON-lines files, exactly once.
+
+Layout under the output directory (hive-partitioned by the rows' event time, UTC):
+
+    parquet/date=2020-12-30/hour=21/part-b00000042-t0001-f000.parquet
+    csv/date=2020-12-30/hour=21/part-b00000042-t0001-f000.csv        (header row, RFC 4180)
+    jsonl/date=2020-12-30/hour=21/part-b00000042-t0001-f000.jsonl
+    _quarantine/part-b00000042-t0001-f000.parquet                    (raw payload + reason)
+    _staging/                                                        (never read this)
+
+What runs where: each **task** (executor) flattens its events through the Avro plan with
+pyarrow/numpy (`pipeline.schemas.flatten`) and writes complete, fsynced files into
+`_staging/<task token>/`; no file there is visible to a reader of the layout above. The
+**driver**'s `commit(messages, batchId)` names the files of the batch
+(`part-b<batch>-t<task>-f<file>`), records that list in the batch ledger (SQLite next to the
+checkpoint) and publishes each file by `rename` into place, then marks the batch done.
+
+Guarantee — exactly-once files: a reader (DuckDB) never sees a partial file (rename is
+atomic), and every sample is in exactly one published file or not yet published. If the
+driver dies mid-publish, the re-run of the batch finds its record in the ledger and finishes
+renaming the same staged files to the same names (a file already in place is left as is);
+a batch already done publishes nothing, and files from a re-run's tasks are discarded. A
+batch's files appear one rename after the other, within milliseconds, not all at one instant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from pipeline.schemas import QUARANTINE_SCHEMA, Events, FlattenPlan, flatten, flatten_plan
+from pipeline.spark.errors import BatchConflict
+from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
+from pipeline.spark.options import ExportOptions
+
+STAGING = "_staging"
+QUARANTINE = "_quarantine"
+EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
+HOUR_NS = 3600 * 10**9
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A complete file in staging: what it holds and where it goes (minus the name)."""
+
+    staged: str
+    kind: str  # parquet | csv | jsonl | quarantine
+    bucket: str  # "date=YYYY-MM-DD/hour=HH" ("" for quarantine)
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class FilesMessage(WriterCommitMessage):
+    """One task's staged files and counts."""
+
+    partition: int
+    files: tuple[StagedFile, ...]
+    events: int
+    rows: int
+    quarantined: int
+    min_time_ns: int | None
+    max_time_ns: int | None
+
+
+def bucket_of(hour: int) -> str:
+    """`date=…/hour=…` of an hour number (hours since the epoch, UTC)."""
+    start = datetime.fromtimestamp(hour * 3600, tz=UTC)
+    return f"date={start:%Y-%m-%d}/hour={start:%H}"
+
+
+@dataclass
+class _Open:
+    """A staged file being written."""
+
+    path: Path
+    writer: Any
+    kind: str
+    bucket: str
+    rows: int = 0
+
+
+@dataclass
+class _TaskFiles:
+    """The files one task writes, rolled at `max_rows` rows per file (executor side)."""
+
+    opts: ExportOptions
+    plan: FlattenPlan
+    directory: Path
+    open: dict[tuple[str, str], _Open] = field(default_factory=dict)
+    done: list[StagedFile] = field(default_factory=list)
+    counter: int = 0
+
+    def write_rows(self, rows: pa.Table, time_ns: np.ndarray) -> None:
+        if rows.num_rows == 0:
+            return
+        hours = time_ns // HOUR_NS
+        distinct = np.unique(hours)
+        for hour in distinct:
+            part = rows.filter(pa.array(hours == hour)) if len(distinct) > 1 else rows
+            for kind in self.opts.formats:
+                self._append(kind, bucket_of(int(hour)), part)
+
+    def write_quarantine(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._append("quarantine", "", table)
+
+    def _append(self, kind: str, bucket: str, table: pa.Table) -> None:
+        start = 0
+        while start < table.num_rows:
+            current = self.open.get((kind, bucket)) or self._start(kind, bucket, table.schema)
+            take = min(table.num_rows - start, self.opts.max_rows_per_file - current.rows)
+            _write(current, table.slice(start, take))
+            current.rows += take
+            start += take
+            if current.rows >= self.opts.max_rows_per_file:
+                self._close(current)
+
+    def _start(self, kind: str, bucket: str, schema: pa.Schema) -> _Open:
+        self.counter += 1
+        ext = EXTENSIONS.get(kind, "parquet")
+        path = self.directory / f"{self.counter:06d}.{ext}"
+        opened = _Open(path, _writer(kind, path, schema), kind, bucket)
+        self.open[(kind, bucket)] = opened
+        return opened
+
+    def _close(self, current: _Open) -> None:
+        current.writer.close()
+        _fsync(current.path)
+        del self.open[(current.kind, current.bucket)]
+        self.done.append(
+            StagedFile(
+                str(current.path),
+                current.kind,
+                current.bucket,
+                current.rows,
+                current.path.stat().st_size,
+            )
+        )
+
+    def close(self) -> tuple[StagedFile, ...]:
+        for current in list(self.open.values()):
+            self._close(current)
+        _fsync(self.directory)
+        return tuple(self.done)
+
+    def discard(self) -> None:
+        for current in self.open.values():
+            with contextlib.suppress(Exception):
+                current.writer.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class _JsonLines:
+    """JSON lines of flattened rows (binary values as Latin-1 text, as Avro JSON does)."""
+
+    def __init__(self, path: Path) -> None:
+        self.handle = path.open("wb")
+
+    def write_table(self, table: pa.Table) -> None:
+        rows = table.to_pylist()
+        self.handle.write(b"".join(msgspec.json.encode(r, enc_hook=_latin1) + b"\n" for r in rows))
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _latin1(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    msg = f"cannot write {type(value).__name__} as JSON"
+    raise TypeError(msg)
+
+
+def _writer(kind: str, path: Path, schema: pa.Schema) -> Any:
+    if kind in ("parquet", "quarantine"):
+        return pq.ParquetWriter(path, schema, compression="zstd")
+    if kind == "csv":
+        options = pacsv.WriteOptions(include_header=True, quoting_style="needed")
+        return pacsv.CSVWriter(path, _csv_schema(schema), write_options=options)
+    return _JsonLines(path)
+
+
+def _csv_schema(schema: pa.Schema) -> pa.Schema:
+    """CSV has no binary type: binary columns are written as Latin-1 text (Avro JSON's form)."""
+    return pa.schema(
+        [pa.field(f.name, pa.string()) if pa.types.is_binary(f.type) else f for f in schema]
+    )
+
+
+def _write(current: _Open, table: pa.Table) -> None:
+    if current.kind == "csv" and any(pa.types.is_binary(t) for t in table.schema.types):
+        arrays = [
+            pa.array([v.decode("latin-1") if v is not None else None for v in c.to_pylist()])
+            if pa.types.is_binary(c.type)
+            else c
+            for c in table.columns
+        ]
+        table = pa.Table.from_arrays(arrays, schema=_csv_schema(table.schema))
+    current.writer.write_table(table)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_task(opts: ExportOptions, batches: Iterator[pa.RecordBatch]) -> FilesMessage:
+    """Flatten one task's events and write them as staged files (executor side)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    plan = flatten_plan(opts.schema, opts.time_field)
+    directory = Path(opts.output) / STAGING / f"t{partition:04d}-{uuid.uuid4().hex}"
+    directory.mkdir(parents=True)
+    files = _TaskFiles(opts, plan, directory)
+    events = rows = quarantined = 0
+    low: int | None = None
+    high: int | None = None
+    try:
+        for batch in batches:
+            result = flatten(plan, Events.from_arrow(batch))
+            files.write_rows(result.rows, result.time_ns)
+            files.write_quarantine(result.quarantine)
+            events += result.events
+            rows += result.rows.num_rows
+            quarantined += result.quarantine.num_rows
+            if result.rows.num_rows:
+                low = min(low or 2**63, int(result.time_ns.min()))
+                high = max(high or -(2**63), int(result.time_ns.max()))
+        staged = files.close()
+    except BaseException:
+        files.discard()
+        raise
+    return FilesMessage(partition, staged, events, rows, quarantined, low, high)
+
+
+def files_plan(messages: list[Any], batch_id: int) -> BatchPlan:
+    """Final names for every staged file of the batch, in task order."""
+    items = []
+    for message in sorted(
+        (m for m in messages if isinstance(m, FilesMessage)), key=lambda m: m.partition
+    ):
+        numbers: dict[str, int] = {}
+        for staged in message.files:
+            number = numbers[staged.kind] = numbers.get(staged.kind, -1) + 1
+            ext = EXTENSIONS.get(staged.kind, "parquet")
+            name = f"part-b{batch_id:08d}-t{message.partition:04d}-f{number:03d}.{ext}"
+            top = QUARANTINE if staged.kind == "quarantine" else staged.kind
+            final = "/".join(p for p in (top, staged.bucket, name) if p)
+            items.append(
+                {
+                    "staged": staged.staged,
+                    "final": final,
+                    "kind": staged.kind,
+                    "rows": staged.rows,
+                    "bytes": staged.bytes,
+                }
+            )
+    stats = _message_stats(messages)
+    stats["files"] = [i["final"] for i in items]
+    stats["bytes"] = sum(i["bytes"] for i in items)
+    return BatchPlan(version=LEDGER_VERSION, kind="files", items=items, stats=stats)
+
+
+def _message_stats(messages: list[Any]) -> dict[str, Any]:
+    found = [m for m in messages if isinstance(m, FilesMessage)]
+    lows = [m.min_time_ns for m in found if m.min_time_ns is not None]
+    highs = [m.max_time_ns for m in found if m.max_time_ns is not None]
+    return {
+        "events": sum(m.events for m in found),
+        "rows": sum(m.rows for m in found),
+        "quarantined": sum(m.quarantined for m in found),
+        "min_event_time_ns": min(lows) if lows else None,
+        "max_event_time_ns": max(highs) if highs else None,
+    }
+
+
+def publish_files(output: Path, plan: BatchPlan, state: str, batch_id: int) -> dict[str, Any]:
+    """Rename every staged file of the plan into place (idempotent); return the batch's stats."""
+    directories: set[Path] = set()
+    for item in plan["items"]:
+        staged, final = Path(item["staged"]), output / item["final"]
+        if staged.exists():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, final)
+            directories.add(final.parent)
+        elif not final.exists():
+            reason = f"staged file {staged} is gone and {final} was never published"
+            raise BatchConflict(state, batch_id, reason)
+    for directory in directories:
+        _fsync(directory)
+    return plan["stats"]
+
+
+def commit_files(opts: ExportOptions, messages: list[Any], batch_id: int | None) -> dict:
+    """Publish a batch's files exactly once (with a ledger) and clear the staging area."""
+    output = Path(opts.output)
+    # A ledger-less batch write is numbered by the clock (milliseconds): unique, increasing.
+    number = batch_id if batch_id is not None else time.time_ns() // 10**6
+    plan = files_plan(messages, number)
+    if opts.state is None or batch_id is None:
+        stats = publish_files(output, plan, "(no ledger)", number)
+    else:
+        with BatchLedger(opts.state) as ledger:
+            record = ledger.record(batch_id, plan)
+            stats = publish_files(output, record.plan, opts.state, batch_id)
+            if record.state != "done":
+                ledger.finish(batch_id, stats)
+    shutil.rmtree(output / STAGING, ignore_errors=True)
+    return stats
+
+
+def abort_files(opts: ExportOptions, messages: list[Any]) -> None:
+    for message in messages:
+        if isinstance(message, FilesMessage):
+            for staged in message.files:
+                Path(staged.staged).unlink(missing_ok=True)
+
+
+class ExportStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming export: exactly-once files through the batch ledger (module doc)."""
+
+    def __init__(self, opts: ExportOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesMessage:
+        return export_task(self.opts, iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        commit_files(self.opts, messages, batchId)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        abort_files(self.opts, messages)
+
+
+class ExportBatchWriter(DataSourceArrowWriter):
+    """One-shot export: exactly-once with `state` + `batchId`, else published directly."""
+
+    def __init__(self, opts: ExportOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesMessage:
+        return export_task(self.opts, iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        commit_files(self.opts, messages, self.opts.batch_id)
+
+    def abort(self, messages: list[Any]) -> None:
+        abort_files(self.opts, messages)
+
+
+__all__ = ["QUARANTINE_SCHEMA", "ExportBatchWriter", "ExportStreamWriter", "FilesMessage"]

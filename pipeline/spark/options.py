@@ -1,0 +1,171 @@
+"""The options of the `sluice` data sources, validated once into typed objects on the driver.
+
+Spark hands a data source its options as a case-insensitive map of strings. They are parsed
+here, in the driver, and the resulting frozen objects (picklable) travel to the executors, so a
+bad option is one clear error before any task runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.spark.errors import OptionError
+from pipeline.streams import InvalidName, parse_stream
+
+SOURCE = "sluice"
+EXPORT = "sluice-export"
+SINK_STATE_FILE = "sluice-sink.sqlite"
+
+
+def _get(options: Mapping[str, str], key: str) -> str | None:
+    value = options.get(key.lower())
+    if value is None:
+        value = options.get(key)
+    return None if value is None or str(value).strip() == "" else str(value).strip()
+
+
+def _stream(source: str, options: Mapping[str, str], key: str = "stream") -> str:
+    value = _get(options, key)
+    if value is None:
+        raise OptionError(source, key, None, "name the stream as SCOPE/STREAM")
+    try:
+        parse_stream(value)
+    except InvalidName as exc:
+        raise OptionError(source, key, value, str(exc)) from None
+    return value
+
+
+def _store(options: Mapping[str, str]) -> str:
+    """The store URI, resolved on the driver: executors may not share its environment."""
+    from pipeline.config import default_store_uri
+
+    return _get(options, "store") or default_store_uri()
+
+
+def _positive(source: str, options: Mapping[str, str], key: str, default: int | None) -> int | None:
+    value = _get(options, key)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise OptionError(source, key, value, "expected a positive whole number")
+    return number
+
+
+def _state(options: Mapping[str, str]) -> str | None:
+    """The batch-ledger file: `state`, else next to a local `checkpointLocation`."""
+    state = _get(options, "state")
+    checkpoint = _get(options, "checkpointLocation")
+    if state is None and checkpoint is not None and "://" not in checkpoint:
+        state = str(Path(checkpoint.removeprefix("file:")) / SINK_STATE_FILE)
+    return state
+
+
+def _batch_id(source: str, options: Mapping[str, str]) -> int | None:
+    batch = _get(options, "batchId")
+    if batch is not None and not batch.isdigit():
+        raise OptionError(source, "batchId", batch, "expected a whole number")
+    return int(batch) if batch is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """Options of a `sluice` read (batch or streaming).
+
+    `starting` / `ending` are `head`, `tail` or a cut's text; `ending` None means the tail at
+    planning time for a batch read, and no end for a streaming read.
+    """
+
+    store: str
+    stream: str
+    starting: str = "head"
+    ending: str | None = None
+    max_events: int | None = None
+    max_bytes: int | None = None
+    min_partitions: int = 2
+    min_split_bytes: int = 1 << 20
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        return cls(
+            store=_store(options),
+            stream=_stream(SOURCE, options),
+            starting=_get(options, "startingCut") or "head",
+            ending=_get(options, "endingCut"),
+            max_events=_positive(SOURCE, options, "maxEventsPerTrigger", None),
+            max_bytes=_positive(SOURCE, options, "maxBytesPerTrigger", None),
+            min_partitions=_positive(SOURCE, options, "minPartitions", 2) or 2,
+            min_split_bytes=_positive(SOURCE, options, "minSplitBytes", 1 << 20) or 1 << 20,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """Options of a `sluice` write: the target stream and where batch ids are recorded.
+
+    `state` is the SQLite file that records each committed batch (streaming writes:
+    `<checkpointLocation>/sluice-sink.sqlite` unless given). A batch write without `state`
+    and `batchId` is exactly-once only while its driver lives (see `writing.py`).
+    """
+
+    store: str
+    stream: str
+    routing_key: str | None
+    state: str | None
+    batch_id: int | None
+    create_segments: int | None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        return cls(
+            store=_store(options),
+            stream=_stream(SOURCE, options),
+            routing_key=_get(options, "routingKey"),
+            state=_state(options),
+            batch_id=_batch_id(SOURCE, options),
+            create_segments=_positive(SOURCE, options, "createSegments", None),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOptions:
+    """Options of a `sluice-export` write: schema, output directory, formats, file size."""
+
+    schema: str
+    output: str
+    formats: tuple[str, ...]
+    max_rows_per_file: int
+    time_field: str | None
+    state: str | None
+    batch_id: int | None
+
+    FORMATS = ("parquet", "csv", "jsonl")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ExportOptions:
+        schema = _get(options, "schema")
+        if schema is None:
+            raise OptionError(EXPORT, "schema", None, "name a bundled schema or an .avsc path")
+        output = _get(options, "output") or _get(options, "path")
+        if output is None:
+            raise OptionError(EXPORT, "output", None, "give the output directory")
+        listed = (_get(options, "formats") or "parquet").split(",")
+        formats = tuple(f.strip().lower() for f in listed if f.strip())
+        unknown = [f for f in formats if f not in cls.FORMATS]
+        if unknown or not formats:
+            reason = f"known formats are {', '.join(cls.FORMATS)}"
+            raise OptionError(EXPORT, "formats", ",".join(formats), reason)
+        return cls(
+            schema=schema,
+            output=str(Path(output.removeprefix("file:")).absolute()),
+            formats=formats,
+            max_rows_per_file=_positive(EXPORT, options, "maxRowsPerFile", 1_000_000) or 1,
+            time_field=_get(options, "timeField"),
+            state=_state(options),
+            batch_id=_batch_id(EXPORT, options),
+        )

@@ -1,0 +1,345 @@
+"""Reading a stream into Spark: batch and streaming readers of the `sluice` data source.
+
+Offsets are stream cuts, carried as `{"cut": "<cut text>"}` so Spark's checkpoint and progress
+reports show the cut itself. A micro-batch (or a batch read) covers the events between two
+cuts; it is planned as **segment ranges** (segment, start offset, end offset), and a large
+range is split at event boundaries (`store.split_points`) so that every core has work. Reading
+a range is deterministic: the same cuts give the same events, so Spark may re-run a batch.
+
+What runs where: `latestOffset`, `partitions` and `commit` run on the driver (in a Python
+process Spark keeps for the query); `read` runs in executors, which open the store by its URI.
+
+Admission control (`maxEventsPerTrigger`, `maxBytesPerTrigger`) and `Trigger.AvailableNow`
+follow Spark 4.2's Python API: `getDefaultReadLimit` announces the limit, `latestOffset(start,
+limit)` honours whatever limit Spark passes (and everything when it passes `ReadAllAvailable`),
+and `prepareForTriggerAvailableNow` fixes the tail the query stops at.
+
+Per-key order across scaled segments: a successor segment is admitted into a batch only once
+every sealed predecessor (lower number, overlapping key range) is read to its end, and ranges
+are planned in (segment, offset) order, which the `sluice` writer commits in.
+
+Delivery: the reader itself holds no state; with a checkpoint, Spark replays a failed batch
+over the same cuts, which gives exactly-once input to an idempotent sink.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from pipeline.spark.errors import OptionError
+from pipeline.spark.options import SOURCE, SourceOptions
+from pipeline.streams import InvalidCut, StreamCut, StreamStore, open_store, parse_stream
+
+EVENT_SCHEMA = (
+    "stream string, segment int, offset long, end_offset long, routing_key string, "
+    "payload binary, ingest_time timestamp"
+)
+ARROW_SCHEMA = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("segment", pa.int32()),
+        ("offset", pa.int64()),
+        ("end_offset", pa.int64()),
+        ("routing_key", pa.string()),
+        ("payload", pa.binary()),
+        ("ingest_time", pa.timestamp("us", tz="UTC")),
+    ]
+)
+BATCH_EVENTS = 4096
+BATCH_BYTES = 32 << 20
+
+Positions = dict[int, int]
+
+
+class SegmentRange(InputPartition):
+    """One task's work: the events of one segment in [start, end)."""
+
+    def __init__(self, store: str, stream: str, segment: int, start: int, end: int) -> None:
+        self.store, self.stream = store, stream
+        self.segment, self.start, self.end = segment, start, end
+
+
+def offset_of(cut: StreamCut) -> dict:
+    return {"cut": cut.text}
+
+
+def cut_of(offset: dict, stream: str) -> StreamCut:
+    scope, name = parse_stream(stream)
+    return StreamCut.parse(offset["cut"]).check_stream(scope, name)
+
+
+def resolve_cut(store: StreamStore, stream: str, text: str, option: str) -> StreamCut:
+    """`head`, `tail` or a cut's text, as a cut of `stream`."""
+    lowered = text.lower()
+    if lowered == "head":
+        return store.head(stream)
+    if lowered in ("tail", "latest"):
+        return store.tail(stream)
+    try:
+        return cut_of({"cut": text}, stream)
+    except InvalidCut as exc:
+        raise OptionError(SOURCE, option, text, f"{exc} (or use head / tail)") from None
+
+
+def plan_ranges(
+    store: StreamStore, opts: SourceOptions, start: StreamCut, end: StreamCut
+) -> list[SegmentRange]:
+    """Segment ranges covering [start, end), split so that about `min_partitions` tasks run."""
+    heads = store.head(opts.stream).segments
+    begin, finish = start.segments, end.segments
+    spans = [
+        (seg, begin.get(seg, heads.get(seg, 0)), finish[seg])
+        for seg in sorted(finish)
+        if begin.get(seg, heads.get(seg, 0)) < finish[seg]
+    ]
+    total = sum(e - s for _, s, e in spans) or 1
+    ranges: list[SegmentRange] = []
+    for seg, s, e in spans:
+        share = round(opts.min_partitions * (e - s) / total)
+        parts = max(1, min(share, (e - s) // opts.min_split_bytes))
+        points = store.split_points(opts.stream, seg, s, e, parts) if parts > 1 else []
+        bounds = [s, *sorted(p for p in points if s < p < e), e]
+        ranges += [SegmentRange(opts.store, opts.stream, seg, a, b) for a, b in pairwise(bounds)]
+    return ranges
+
+
+def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
+    """The events of one range as Arrow batches of the source's schema (executor side)."""
+    with open_store(part.store) as store:
+        columns: list[list] = [[] for _ in ARROW_SCHEMA]
+        size = 0
+        for event in store.read_segment(part.stream, part.segment, part.start, part.end):
+            for column, value in zip(
+                columns,
+                (
+                    event.stream,
+                    event.segment,
+                    event.offset,
+                    event.end_offset,
+                    event.routing_key,
+                    event.payload,
+                    event.ingest_time_ns // 1000,
+                ),
+                strict=True,
+            ):
+                column.append(value)
+            size += len(event.payload)
+            if len(columns[0]) >= BATCH_EVENTS or size >= BATCH_BYTES:
+                yield pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+                columns, size = [[] for _ in ARROW_SCHEMA], 0
+        if columns[0]:
+            yield pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+class SluiceBatchReader(DataSourceReader):
+    """A bounded read between two cuts, both fixed when the query is planned (driver)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        with open_store(opts.store) as store:
+            self.start = resolve_cut(store, opts.stream, opts.starting, "startingCut")
+            self.end = resolve_cut(store, opts.stream, opts.ending or "tail", "endingCut")
+            check_order(self.start, self.end)
+            self.ranges = plan_ranges(store, opts, self.start, self.end)
+
+    def partitions(self) -> list[SegmentRange]:
+        return self.ranges
+
+    def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        return read_range(partition)
+
+
+def check_order(start: StreamCut, end: StreamCut) -> None:
+    begin = start.segments
+    for seg, off in end.positions:
+        if off < begin.get(seg, 0):
+            reason = f"the ending cut is before the starting cut in segment {seg}"
+            raise OptionError(SOURCE, "endingCut", end.text, reason)
+
+
+class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches between cuts, with admission control and `Trigger.AvailableNow`."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.target: StreamCut | None = None
+        self._store: StreamStore | None = None
+
+    @property
+    def store(self) -> StreamStore:
+        if self._store is None:
+            self._store = open_store(self.opts.store)
+        return self._store
+
+    def initialOffset(self) -> dict:
+        start = resolve_cut(self.store, self.opts.stream, self.opts.starting, "startingCut")
+        return offset_of(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_events is not None:
+            return ReadMaxRows(self.opts.max_events)
+        if self.opts.max_bytes is not None:
+            return ReadMaxBytes(self.opts.max_bytes)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self.store.tail(self.opts.stream)
+
+    def reportLatestOffset(self) -> dict:
+        return offset_of(self.store.tail(self.opts.stream))
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = cut_of(start, self.opts.stream)
+        ceiling = self._ceiling(begin)
+        if isinstance(limit, ReadAllAvailable):
+            return offset_of(ceiling)
+        max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
+        if max_events is not None and max_bytes is None:
+            max_bytes = self.opts.max_bytes  # both options set: Spark passes the first
+        admitted = admit(
+            self.store,
+            self.opts.stream,
+            begin=begin,
+            ceiling=ceiling,
+            max_events=max_events,
+            max_bytes=max_bytes,
+        )
+        return offset_of(admitted)
+
+    def _ceiling(self, begin: StreamCut) -> StreamCut:
+        """The furthest cut a batch may reach: the tail (or AvailableNow's), capped by the end."""
+        tail = self.target or self.store.tail(self.opts.stream)
+        limit = tail.segments
+        if self.opts.ending is not None:
+            ending = resolve_cut(self.store, self.opts.stream, self.opts.ending, "endingCut")
+            limit = {seg: min(off, ending.segments.get(seg, off)) for seg, off in limit.items()}
+        start = begin.segments
+        limit = {seg: max(off, start.get(seg, 0)) for seg, off in limit.items()}
+        return StreamCut.of(begin.scope, begin.stream_name, {**start, **limit})
+
+    def partitions(self, start: dict, end: dict) -> list[SegmentRange]:
+        begin, finish = cut_of(start, self.opts.stream), cut_of(end, self.opts.stream)
+        return plan_ranges(self.store, self.opts, begin, finish)
+
+    def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        return read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: Spark's checkpoint holds the position; the store keeps all data."""
+
+    def stop(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def admit(
+    store: StreamStore,
+    stream: str,
+    *,
+    begin: StreamCut,
+    ceiling: StreamCut,
+    max_events: int | None,
+    max_bytes: int | None,
+) -> StreamCut:
+    """The cut after at most `max_events` events / `max_bytes` payload bytes past `begin`.
+
+    The budget is shared fairly among the segments that have data, round by round; a batch
+    always admits at least one event when one is available, even one larger than `max_bytes`.
+    """
+    pos, top = begin.segments, ceiling.segments
+    heads = store.head(stream).segments
+    for seg in top:
+        pos.setdefault(seg, heads.get(seg, 0))
+    events_left = max_events if max_events is not None else float("inf")
+    bytes_left = max_bytes if max_bytes is not None else float("inf")
+    order = successor_order(store, stream)
+    admitted_any = False
+    while events_left > 0 and bytes_left > 0:
+        ready = [s for s in sorted(top) if pos[s] < top[s] and order.ready(s, pos, top)]
+        share_events = max(1, int(events_left // max(1, len(ready)))) if max_events else None
+        share_bytes = max(1, int(bytes_left // max(1, len(ready)))) if max_bytes else None
+        progress = False
+        for seg in ready:
+            new, events, size = _advance(
+                store,
+                stream,
+                seg,
+                (pos[seg], top[seg]),
+                max_events=share_events,
+                max_bytes=share_bytes,
+                admitted_any=admitted_any,
+            )
+            pos[seg] = new
+            progress = progress or events > 0
+            admitted_any = admitted_any or events > 0
+            events_left -= events
+            bytes_left -= size
+            if events_left <= 0 or bytes_left <= 0:
+                break
+        if not progress:
+            break
+    return StreamCut.of(begin.scope, begin.stream_name, pos)
+
+
+def _advance(
+    store: StreamStore,
+    stream: str,
+    segment: int,
+    span: tuple[int, int],
+    *,
+    max_events: int | None,
+    max_bytes: int | None,
+    admitted_any: bool,
+) -> tuple[int, int, int]:
+    """Walk one segment from `span[0]`: the new position, events and bytes admitted."""
+    start, end = span
+    pos, events, size = start, 0, 0
+    for event in store.read_segment(stream, segment, start, end):
+        grown = size + len(event.payload)
+        if max_bytes is not None and grown > max_bytes and (events or admitted_any):
+            break
+        pos, events, size = event.end_offset, events + 1, grown
+        if max_events is not None and events >= max_events:
+            break
+    return pos, events, size
+
+
+class SuccessorOrder:
+    """Which segments may be read: a successor only after its sealed predecessors end."""
+
+    def __init__(self, predecessors: dict[int, list[int]]) -> None:
+        self.predecessors = predecessors
+
+    def ready(self, segment: int, pos: Positions, top: Positions) -> bool:
+        return all(pos.get(p, 0) >= top.get(p, 0) for p in self.predecessors.get(segment, []))
+
+
+def successor_order(store: StreamStore, stream: str) -> SuccessorOrder:
+    """Predecessors by key-range overlap among lower-numbered sealed segments (from `info`)."""
+    segments = store.info(stream).segments
+    found: dict[int, list[int]] = {}
+    for seg in segments:
+        lo, hi = seg.key_range
+        found[seg.segment] = [
+            p.segment
+            for p in segments
+            if p.segment < seg.segment and p.sealed and p.key_range[0] < hi and lo < p.key_range[1]
+        ]
+    return SuccessorOrder(found)

@@ -1,0 +1,125 @@
+"""The Spark session: one per process, configured once, with the `sluice` sources registered.
+
+`spark_session()` returns the process's session, creating it on first use:
+
+- master `local[*]` unless `SLUICE_SPARK_MASTER` (or `[spark] master` in sluice.toml) names
+  another (`local[2]`, `spark://host:7077`, `k8s://…`, `yarn`);
+- `PYSPARK_PYTHON` is the running interpreter, so executors import the same `pipeline` package
+  from the same virtual environment;
+- the driver binds to loopback unless `SLUICE_SPARK_DRIVER_HOST` says otherwise (a remote
+  cluster needs an address its workers can reach);
+- Spark's own logging goes to stderr at ERROR level and the progress bar is off, so a job's
+  batch reports are what the user sees.
+
+Spark keeps one active session per process (`getOrCreate`), so there is no module-level
+singleton here: calling `spark_session()` twice returns the same object, and the settings of
+the first call win (the JVM cannot change master once started).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSettings:
+    """Everything that decides how the session is built; read once at the edge."""
+
+    master: str = "local[*]"
+    app_name: str = "sluice"
+    driver_host: str = "127.0.0.1"
+    log_level: str = "ERROR"
+    ui: bool = False
+    conf: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping | None = None, environ: Mapping[str, str] | None = None
+    ) -> SparkSettings:
+        """Settings from the `[spark]` table of sluice.toml, overridden by `SLUICE_SPARK_*`."""
+        env = os.environ if environ is None else environ
+        table = dict((config or {}).get("spark", {}))
+        extra = {str(k): str(v) for k, v in dict(table.get("conf", {})).items()}
+        base = cls()
+        return cls(
+            master=env.get("SLUICE_SPARK_MASTER") or str(table.get("master", base.master)),
+            app_name=str(table.get("app_name", base.app_name)),
+            driver_host=env.get("SLUICE_SPARK_DRIVER_HOST")
+            or str(table.get("driver_host", base.driver_host)),
+            log_level=env.get("SLUICE_SPARK_LOG_LEVEL")
+            or str(table.get("log_level", base.log_level)),
+            ui=_truthy(env.get("SLUICE_SPARK_UI", table.get("ui", base.ui))),
+            conf=tuple(sorted(extra.items())),
+        )
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def spark_conf(settings: SparkSettings) -> dict[str, str]:
+    """The Spark configuration the settings stand for (before the user's own `conf`)."""
+    log4j = f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES}"
+    conf = {
+        "spark.master": settings.master,
+        "spark.app.name": settings.app_name,
+        "spark.driver.host": settings.driver_host,
+        "spark.driver.bindAddress": settings.driver_host,
+        "spark.ui.enabled": "true" if settings.ui else "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": log4j,
+        "spark.executor.extraJavaOptions": log4j,
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.session.timeZone": "UTC",
+        # Python data sources stream big Arrow batches; the default 10k rows is small for
+        # events of a few bytes and fine for 40 KB ones, so cap by bytes instead.
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.sql.streaming.stopTimeout": "30s",
+    }
+    conf.update(dict(settings.conf))
+    return conf
+
+
+def spark_session(settings: SparkSettings | None = None) -> SparkSession:
+    """The process's Spark session, with the `sluice` data sources registered."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        from pipeline.spark.source import register_sources
+
+        register_sources(active)
+        return active
+    if settings is None:
+        from pipeline.config import load_config
+
+        settings = SparkSettings.from_config(load_config())
+    # PySpark warns on every start that it has not been qualified with the installed pandas;
+    # the Arrow paths Sluice uses do not go through pandas.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", settings.driver_host)
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings.log_level)
+    from pipeline.spark.source import register_sources
+
+    register_sources(spark)
+    return spark

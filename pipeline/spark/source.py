@@ -1,0 +1,101 @@
+"""The `sluice` and `sluice-export` Spark data sources (PySpark Python Data Source API, 4.2+).
+
+    spark.read.format("sluice").option("stream", "examples/network").load()
+    spark.readStream.format("sluice").option("stream", "examples/network")
+        .option("maxEventsPerTrigger", 1000).load()
+    df.writeStream.format("sluice").option("stream", "cloud/network")
+        .option("checkpointLocation", ck).start()
+    df.writeStream.format("sluice-export").option("schema", "NetworkSamples")
+        .option("output", out).option("checkpointLocation", ck).start()
+
+Options of `sluice` reads: `store` (URI; default the configured store), `stream`,
+`startingCut` (`head` | `tail` | a cut; default head), `endingCut` (a cut or `tail`),
+`maxEventsPerTrigger`, `maxBytesPerTrigger`, `minPartitions` (default 2), `minSplitBytes`.
+Writes: `store`, `stream`, `routingKey` (fixed key), `state` (ledger file; default next to the
+checkpoint), `batchId` (batch writes), `createSegments` (create the stream if missing).
+Delivery guarantees are stated in `reading.py`, `writing.py` and `files.py`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSource
+
+from pipeline.spark.options import EXPORT, SOURCE, ExportOptions, SinkOptions, SourceOptions
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+    from pipeline.spark.files import ExportBatchWriter, ExportStreamWriter
+    from pipeline.spark.reading import SluiceBatchReader, SluiceStreamReader
+    from pipeline.spark.writing import SluiceBatchWriter, SluiceStreamWriter
+
+
+class SluiceDataSource(DataSource):
+    """Events of a stream (reads) and events into a stream (writes)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE
+
+    def schema(self) -> str:
+        from pipeline.spark.reading import EVENT_SCHEMA
+
+        return EVENT_SCHEMA
+
+    def reader(self, schema: StructType) -> SluiceBatchReader:
+        from pipeline.spark.reading import SluiceBatchReader
+
+        return SluiceBatchReader(SourceOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> SluiceStreamReader:
+        from pipeline.spark.reading import SluiceStreamReader
+
+        return SluiceStreamReader(SourceOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> SluiceBatchWriter:
+        from pipeline.spark.writing import SluiceBatchWriter
+
+        return SluiceBatchWriter(_sink(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> SluiceStreamWriter:
+        from pipeline.spark.writing import SluiceStreamWriter
+
+        return SluiceStreamWriter(_sink(self.options))
+
+
+def _sink(options: dict) -> SinkOptions:
+    """Parse sink options; create the target stream when `createSegments` asks for it."""
+    opts = SinkOptions.parse(options)
+    if opts.create_segments is not None:
+        from pipeline.streams import open_store
+
+        with open_store(opts.store) as store:
+            store.create_stream(opts.stream, segments=opts.create_segments)
+    return opts
+
+
+class SluiceExportDataSource(DataSource):
+    """Flattened Parquet / CSV / JSON-lines files from `sluice` rows (write only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return EXPORT
+
+    def writer(self, schema: StructType, overwrite: bool) -> ExportBatchWriter:
+        from pipeline.spark.files import ExportBatchWriter
+
+        return ExportBatchWriter(ExportOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ExportStreamWriter:
+        from pipeline.spark.files import ExportStreamWriter
+
+        return ExportStreamWriter(ExportOptions.parse(self.options))
+
+
+def register_sources(spark: SparkSession) -> None:
+    """Make `format("sluice")` and `format("sluice-export")` available in `spark`."""
+    spark.dataSource.register(SluiceDataSource)
+    spark.dataSource.register(SluiceExportDataSource)

@@ -47,10 +47,10 @@ def _points(
             f"SELECT RemoteAddr || '/' || Interface AS nic, TimestampNanos AS t, rx_mbps, "
             f"tx_mbps FROM ({rates}) WHERE interval_s > 0 ORDER BY nic, t"
         )
-        return con.execute(sql).fetchnumpy(), None
-    lo, hi = con.execute(
+        return con.sql(sql).fetchnumpy(), None
+    lo, hi = con.sql(
         f"SELECT min(TimestampNanos), max(TimestampNanos) FROM ({rates})"
-    ).fetchone()
+    ).fetchall()[0]
     bucket = max(1, (hi - lo) // max(1, max_points // 2) + 1)
     sql = f"""
         SELECT RemoteAddr || '/' || Interface AS nic,
@@ -58,7 +58,7 @@ def _points(
                max(rx_mbps) AS rx_mbps, max(tx_mbps) AS tx_mbps
         FROM ({rates}) WHERE interval_s > 0 GROUP BY ALL ORDER BY nic, t
     """
-    return con.execute(sql).fetchnumpy(), int(bucket)
+    return con.sql(sql).fetchnumpy(), int(bucket)
 
 
 def plot_rates(
@@ -74,7 +74,7 @@ def plot_rates(
     con = duckdb.connect(str(paths.database), read_only=True)
     try:
         window = _window_sql(source.view, start_ns, end_ns)
-        samples = con.execute(f"SELECT count(*) FROM {window}").fetchone()[0]
+        samples = con.sql(f"SELECT count(*) FROM {window}").fetchall()[0][0]
         if samples < 2:
             reason = (
                 f"{samples} sample(s) in the chosen window: a rate needs two; widen --from/--to"

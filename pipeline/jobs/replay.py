@@ -1,15 +1,94 @@
 """Replays: run a model over exactly one slice of a stream's history, and record the lineage.
 
-(The replay itself is added below the lineage record as the Spark source lands.)
+    result = replay(spark, store_uri, slice_id, "pipeline.models.nic:throughput")
+
+1. The slice's start cut must still be readable: a stream truncated past it raises
+   `SliceTruncated` before anything runs (a partial replay would look like a real one).
+2. A bounded Spark read of the `sluice` source between the slice's two cuts; executors
+   flatten the events through the stream's Avro schema (`mapInArrow`, `pipeline.schemas`),
+   keeping per-row event time and routing key; events the schema refuses come back as
+   quarantine rows with their reason, counted in the metrics, never dropped silently.
+3. Rows are filtered to the slice's sensor and time bounds and collected to the driver.
+4. The model gets **one pandas DataFrame** of the whole slice, sorted by (event time,
+   segment, offset, sample). Why pandas: a slice is bounded and fits in memory (10 M samples
+   are ~0.5 GB), a model under validation wants the whole history at once (rolling windows,
+   bursts spanning batches), and pandas/numpy is what the people writing such models use; an
+   Arrow batch stream would force every model to handle batch boundaries, and a Spark
+   DataFrame would make every model a Spark program and its row order undefined. The model
+   returns a DataFrame, or `(DataFrame, metrics dict)`.
+5. Results go to `results.parquet`, metrics to `metrics.json` (counts and the model's
+   metrics, no wall-clock times), both written to a temporary name and renamed: the same
+   slice and model version give byte-identical files. The lineage record (with the times)
+   goes to the output directory and to `$SLUICE_HOME/lineage/<run_id>.json`.
+
+Delivery: exactly-once per (slice, model, version, params): the run id and output paths
+derive from them, so a re-run (after a crash, or on purpose) replaces the same files with
+the same bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import inspect
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import SluiceError
+from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, find_slice
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pipeline.schemas import FlattenPlan
+    from pipeline.streams import StreamStore
 
 LINEAGE_VERSION = 1
+ROW_TIME, ROW_KEY, ROW_REASON, ROW_PAYLOAD = "_time_ns", "_routing_key", "_reason", "_payload"
+
+
+class ReplayError(SluiceError):
+    """Base of the errors a replay raises on purpose."""
+
+
+class SliceTruncated(ReplayError):
+    def __init__(self, slice_id: str, stream: str, segment: int, start: int, head: int) -> None:
+        self.slice_id, self.stream, self.segment = slice_id, stream, segment
+        self.start, self.head = start, head
+        msg = (
+            f"slice {slice_id} cannot be replayed: {stream} segment {segment} was truncated at "
+            f"offset {head}, past the slice's start {start}; its first events are gone. "
+            "Replay a newer slice, or keep history longer (stream retention)"
+        )
+        super().__init__(msg)
+
+
+class ModelError(ReplayError):
+    def __init__(self, model: str, reason: str) -> None:
+        self.model, self.reason = model, reason
+        msg = f"model {model}: {reason}"
+        super().__init__(msg)
+
+
+class UnknownSchema(ReplayError):
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        msg = (
+            f"no Avro schema is known for {stream}: pass --schema NAME (or a .avsc path), "
+            "or add it to sluice.toml as [streams.NAME] stream/schema"
+        )
+        super().__init__(msg)
+
+
+# --- records --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +115,372 @@ class LineageRecord:
     metrics_path: str
     started_at: str
     finished_at: str
+    quarantined_events: int = 0
+    params: str = "{}"
     version: int = LINEAGE_VERSION
 
     def write(self, lineage_dir: Path) -> Path:
         """Write (atomically replace) this run's record; return its path."""
-        lineage_dir.mkdir(parents=True, exist_ok=True)
-        path = lineage_dir / f"{self.run_id}.json"
-        staging = path.with_suffix(".json.tmp")
-        staging.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-        staging.replace(path)
-        return path
+        return _write_json(lineage_dir / f"{self.run_id}.json", asdict(self))
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A model named `module:function`, its code version and parameters."""
+
+    spec: str
+    function: Callable[..., Any]
+    version: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        return self.spec.replace(":", ".")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    lineage: LineageRecord
+    results: pa.Table
+    metrics: dict[str, Any]
+
+
+def _write_json(path: Path, data: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    staging.replace(path)
+    return path
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+def load_model(spec: str, params: dict[str, Any] | None = None) -> Model:
+    """Import `module:function`. Its version is the function's `version` attribute if it
+    declares one, else `sha256:` of its module's source (any code change is a new version)."""
+    module_name, colon, name = spec.partition(":")
+    if not colon or not module_name or not name:
+        raise ModelError(spec, "name it as module:function, e.g. pipeline.models.nic:throughput")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(spec, f"cannot import {module_name} ({exc})") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ModelError(spec, f"{module_name} has no function {name!r}")
+    declared = getattr(function, "version", None)
+    if declared is not None:
+        version = str(declared)
+    else:
+        source = inspect.getsource(module).encode()
+        version = "sha256:" + hashlib.sha256(source).hexdigest()[:16]
+    return Model(spec, function, version, dict(params or {}))
+
+
+def run_model(model: Model, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
+    """Call the model; its results as an Arrow table (no pandas index) and its metrics."""
+    import pandas as pd
+
+    out = model.function(frame, **model.params)
+    results, metrics = out if isinstance(out, tuple) else (out, {})
+    if not isinstance(results, pd.DataFrame) or not isinstance(metrics, dict):
+        got = f"{type(results).__name__}, {type(metrics).__name__}"
+        reason = f"must return a pandas DataFrame or (DataFrame, dict), not ({got})"
+        raise ModelError(model.spec, reason)
+    table = pa.Table.from_pandas(results.reset_index(drop=True), preserve_index=False)
+    return table.replace_schema_metadata(None), metrics
+
+
+# --- reading the slice ----------------------------------------------------------------------
+
+
+def check_readable(store: StreamStore, record: SliceRecord) -> None:
+    """Raise `SliceTruncated` when any segment's head is past the slice's start cut."""
+    start, end = record.cuts
+    heads = store.head(record.stream).segments
+    for segment, offset in start.positions:
+        head = heads.get(segment, 0)
+        if head > offset and end.offset(segment) != offset:
+            raise SliceTruncated(record.slice_id, record.stream, segment, offset, head)
+
+
+def row_schema(plan: FlattenPlan) -> pa.Schema:
+    """Flattened columns + event time, routing key, and (for quarantined events) reason and
+    payload; every field nullable, since a quarantine row has no data columns."""
+    extra = [
+        (ROW_TIME, pa.int64()),
+        (ROW_KEY, pa.string()),
+        (ROW_REASON, pa.string()),
+        (ROW_PAYLOAD, pa.binary()),
+    ]
+    fields = [pa.field(f.name, f.type, nullable=True) for f in plan.arrow_schema]
+    return pa.schema(fields + [pa.field(n, t, nullable=True) for n, t in extra])
+
+
+def flatten_batches(
+    plan: FlattenPlan, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """Executor side: event batches of the `sluice` source -> flattened rows (see row_schema)."""
+    from pipeline.schemas import Events, flatten
+
+    schema = row_schema(plan)
+    for batch in batches:
+        events = Events.from_arrow(batch)
+        out = flatten(plan, events)
+        keys = pa.array(events.routing_keys, pa.string())
+        rows = out.rows
+        index = _row_event_index(batch, rows)
+        rows = rows.append_column(ROW_TIME, pa.array(out.time_ns, pa.int64()))
+        rows = rows.append_column(ROW_KEY, keys.take(index))
+        rows = rows.append_column(ROW_REASON, pa.nulls(rows.num_rows, pa.string()))
+        rows = rows.append_column(ROW_PAYLOAD, pa.nulls(rows.num_rows, pa.binary()))
+        yield from rows.cast(schema).to_batches()
+        bad = out.quarantine
+        if bad.num_rows:
+            columns = {
+                name: pa.nulls(bad.num_rows, schema.field(name).type) for name in schema.names
+            }
+            columns.update(
+                _segment=bad["_segment"],
+                _offset=bad["_offset"],
+                _routing_key=bad["_routing_key"],
+                _time_ns=bad["_ingest_time_ns"],
+                _reason=bad["reason"],
+                _payload=bad["payload"],
+            )
+            yield from pa.table(columns, schema=schema).to_batches()
+
+
+def _row_event_index(batch: pa.RecordBatch, rows: pa.Table) -> pa.Array:
+    """For each flattened row, the index of its event in `batch` (by segment and offset)."""
+    import numpy as np
+
+    offsets = batch.column("offset").to_numpy()
+    order = np.argsort(offsets, kind="stable")
+    found = np.searchsorted(offsets[order], rows["_offset"].to_numpy())
+    return pa.array(order[found] if len(order) else np.empty(0, np.int64))
+
+
+def _sensor_filter(df: DataFrame, record: SliceRecord) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    if record.sensor is None:
+        return df
+    if record.sensor_by in (None, "routing_key"):
+        return df.filter(F.col(ROW_KEY) == record.sensor)
+    columns = [c.strip() for c in record.sensor_by.split(",")]
+    named = F.concat_ws("/", *[F.col(c).cast("string") for c in columns])
+    # Quarantined events have no columns to name a sensor by: keep them all (reported).
+    return df.filter((named == record.sensor) | F.col(ROW_REASON).isNotNull())
+
+
+def read_slice(
+    spark: SparkSession, store_uri: str, record: SliceRecord, plan: FlattenPlan
+) -> tuple[pa.Table, pa.Table, int]:
+    """(rows, quarantined events, events read) of the slice: bounded, flattened, filtered."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    events = (
+        spark.read.format("sluice")
+        .option("store", store_uri)
+        .option("stream", record.stream)
+        .option("startingCut", record.start_cut)
+        .option("endingCut", record.end_cut)
+        .load()
+    )
+    observed = Observation("slice")
+    events = events.observe(observed, F.count(F.lit(1)).alias("events"))
+    schema = row_schema(plan)
+    rows = events.mapInArrow(lambda it: flatten_batches(plan, it), plan_spark_schema(schema))
+    in_time = F.col(ROW_TIME).between(record.start_time_ns, record.end_time_ns)
+    rows = _sensor_filter(rows.filter(in_time | F.col(ROW_REASON).isNotNull()), record)
+    table = rows.toArrow().cast(schema)
+    count = int(observed.get.get("events", 0))
+    reasons = table[ROW_REASON].is_valid()
+    data_cols = [n for n in schema.names if n not in (ROW_REASON, ROW_PAYLOAD)]
+    good = table.filter(pc.invert(reasons)).select(data_cols)
+    bad = table.filter(reasons).select(["_segment", "_offset", ROW_KEY, ROW_REASON, ROW_PAYLOAD])
+    order = [(ROW_TIME, "ascending"), ("_segment", "ascending"), ("_offset", "ascending")]
+    good = good.sort_by([*order, ("_sample", "ascending")])
+    bad = bad.sort_by([("_segment", "ascending"), ("_offset", "ascending")])
+    return good, bad, count
+
+
+def plan_spark_schema(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def run_id(record: SliceRecord, model: Model) -> str:
+    identity = [record.slice_id, model.spec, model.version, model.params]
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return f"rp-{digest[:16]}"
+
+
+def default_output_dir(home: Path, record: SliceRecord, model: Model) -> Path:
+    version = model.version.replace(":", "-")
+    return home / "replays" / record.slice_id / f"{model.slug}@{version}"
+
+
+def _now() -> str:
+    return datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def replay(
+    spark: SparkSession,
+    store: StreamStore,
+    slice_id: str,
+    model: Model,
+    *,
+    plan: FlattenPlan,
+    home: Path,
+    output_dir: Path | None = None,
+    slices_stream: str = DEFAULT_SLICES_STREAM,
+) -> ReplayResult:
+    """Replay one slice through one model (see the module doc)."""
+    import pyarrow.parquet as pq
+
+    started = _now()
+    record = find_slice(store, slice_id, slices_stream)
+    check_readable(store, record)
+    rows, quarantined, events = read_slice(spark, store.uri, record, plan)
+    check_readable(store, record)  # truncated while reading: the read may have missed data
+    results, model_metrics = run_model(model, rows.to_pandas())
+    output_dir = Path(output_dir or default_output_dir(home, record, model)).absolute()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = output_dir / "results.parquet"
+    staging = output_dir / ".results.parquet.tmp"
+    pq.write_table(results, staging, compression="zstd")
+    staging.replace(results_path)
+    metrics = {
+        "slice_id": record.slice_id,
+        "model": model.spec,
+        "model_version": model.version,
+        "params": model.params,
+        "input_events": events,
+        "input_rows": rows.num_rows,
+        "quarantined_events": quarantined.num_rows,
+        "quarantine_reasons": sorted(set(quarantined[ROW_REASON].to_pylist())),
+        "output_rows": results.num_rows,
+        "model_metrics": model_metrics,
+    }
+    metrics_path = _write_json(output_dir / "metrics.json", metrics)
+    lineage = LineageRecord(
+        run_id=run_id(record, model),
+        slice_id=record.slice_id,
+        stream=record.stream,
+        sensor=record.sensor,
+        start_cut=record.start_cut,
+        end_cut=record.end_cut,
+        start_time_ns=record.start_time_ns,
+        end_time_ns=record.end_time_ns,
+        input_events=events,
+        input_rows=rows.num_rows,
+        output_rows=results.num_rows,
+        model=model.spec,
+        model_version=model.version,
+        output_dir=str(output_dir),
+        results_path=str(results_path),
+        metrics_path=str(metrics_path),
+        started_at=started,
+        finished_at=_now(),
+        quarantined_events=quarantined.num_rows,
+        params=json.dumps(model.params, sort_keys=True),
+    )
+    _write_json(output_dir / "lineage.json", asdict(lineage))
+    lineage.write(home / "lineage")
+    return ReplayResult(lineage, results, metrics)
+
+
+# --- comparing two replays ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Two replays of one slice side by side: metrics, and rows only one of them produced."""
+
+    slice_id: str
+    a: LineageRecord
+    b: LineageRecord
+    metrics: list[tuple[str, Any, Any]]
+    only_a: int
+    only_b: int
+    sample_a: list[dict]
+    sample_b: list[dict]
+    columns_differ: bool
+
+    @property
+    def identical(self) -> bool:
+        same_metrics = all(x == y for name, x, y in self.metrics if name not in _RUN_KEYS)
+        return same_metrics and not (self.only_a or self.only_b or self.columns_differ)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "slice_id": self.slice_id,
+            "a": {"model": self.a.model, "version": self.a.model_version, "run": self.a.run_id},
+            "b": {"model": self.b.model, "version": self.b.model_version, "run": self.b.run_id},
+            "identical": self.identical,
+            "metrics": [{"metric": n, "a": x, "b": y} for n, x, y in self.metrics],
+            "columns_differ": self.columns_differ,
+            "rows_only_in_a": self.only_a,
+            "rows_only_in_b": self.only_b,
+            "sample_only_in_a": self.sample_a,
+            "sample_only_in_b": self.sample_b,
+        }
+
+
+_RUN_KEYS = ("model", "model_version", "params")
+
+
+def _flat_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict) and key != "params":
+            flat.update(_flat_metrics(value, f"{prefix}{key}."))
+        elif key != "slice_id":
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def compare(a: ReplayResult, b: ReplayResult, sample: int = 10) -> Comparison:
+    """Metrics side by side, and the rows (as multisets) that only one replay produced."""
+    import duckdb
+
+    ma, mb = _flat_metrics(a.metrics), _flat_metrics(b.metrics)
+    names = list(dict.fromkeys([*ma, *mb]))
+    metrics = [(n, ma.get(n), mb.get(n)) for n in names]
+    columns_differ = a.results.schema.names != b.results.schema.names
+    con = duckdb.connect()
+    try:
+        con.register("a", a.results)
+        con.register("b", b.results)
+        if columns_differ:
+            only_a, only_b = a.results.num_rows, b.results.num_rows
+            rows_a = a.results.slice(0, sample).to_pylist()
+            rows_b = b.results.slice(0, sample).to_pylist()
+        else:
+            diff_a = "SELECT * FROM a EXCEPT ALL SELECT * FROM b"
+            diff_b = "SELECT * FROM b EXCEPT ALL SELECT * FROM a"
+            only_a = con.sql(f"SELECT count(*) FROM ({diff_a})").fetchall()[0][0]
+            only_b = con.sql(f"SELECT count(*) FROM ({diff_b})").fetchall()[0][0]
+            rows_a = con.sql(f"{diff_a} LIMIT {int(sample)}").to_arrow_table().to_pylist()
+            rows_b = con.sql(f"{diff_b} LIMIT {int(sample)}").to_arrow_table().to_pylist()
+    finally:
+        con.close()
+    return Comparison(
+        a.lineage.slice_id,
+        a.lineage,
+        b.lineage,
+        metrics,
+        only_a,
+        only_b,
+        rows_a,
+        rows_b,
+        columns_differ,
+    )

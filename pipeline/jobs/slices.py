@@ -64,9 +64,11 @@ class InvalidTimeWindow(SliceError, ValueError):
 class SliceRecord:
     """One slice: events of `stream` between `start_cut` and `end_cut` (stream-cut texts).
 
-    `sensor` names the sensor the slice is about (a routing key, or `RemoteAddr/Interface`)
-    or is None for every sensor; `start_time_ns`/`end_time_ns` bound the event times of
-    interest, [start, end]; a replay filters the events between the cuts to these bounds.
+    `sensor` names the sensor the slice is about, or is None for every sensor; `sensor_by`
+    says what names it: `routing_key`, or comma-separated columns of the flattened rows
+    (`RemoteAddr,Interface`, whose values are joined with `/`). `start_time_ns` and
+    `end_time_ns` bound the event times of interest, [start, end]; a replay keeps only the
+    rows of the sensor inside them.
     """
 
     slice_id: str
@@ -78,6 +80,7 @@ class SliceRecord:
     end_time_ns: int
     reason: str
     created_by: str
+    sensor_by: str | None = None
     version: int = SLICE_VERSION
 
     @classmethod
@@ -92,8 +95,11 @@ class SliceRecord:
         end_time_ns: int,
         reason: str,
         created_by: str,
+        sensor_by: str | None = None,
     ) -> SliceRecord:
-        identity = [stream, sensor, start_cut.text, end_cut.text, start_time_ns, end_time_ns]
+        sensor_by = sensor_by if sensor is not None else None
+        identity = [stream, sensor_by, sensor, start_cut.text, end_cut.text]
+        identity += [int(start_time_ns), int(end_time_ns)]
         digest = hashlib.sha256(json.dumps([*identity, reason]).encode()).hexdigest()
         return cls(
             slice_id=f"sl-{digest[:16]}",
@@ -105,6 +111,7 @@ class SliceRecord:
             end_time_ns=int(end_time_ns),
             reason=reason,
             created_by=created_by,
+            sensor_by=sensor_by,
         )
 
     @property
@@ -228,6 +235,7 @@ def time_window_slice(
     end_ns: int,
     *,
     sensor: str | None = None,
+    sensor_by: str = "routing_key",
     created_by: str = "sluice slices create",
 ) -> SliceRecord:
     """The slice of `stream` holding every event whose time bounds meet [start, end).
@@ -249,4 +257,5 @@ def time_window_slice(
         end_time_ns=end_ns - 1,
         reason=reason,
         created_by=created_by,
+        sensor_by=sensor_by,
     )

@@ -1,0 +1,38 @@
+"""The time-series join as a replay model: two series of one slice, each record paired with
+its nearest predecessor and successor in the other (`pipeline.jobs.join` has the semantics).
+
+The two series are the rows whose `split_column` equals `left` and `right` (by default two
+interfaces of the NIC samples: `Interface` = `eth0` / `wlan0`). Times are `time_column`
+(integer nanoseconds by default, joined exactly); `max_gap_seconds` limits pairs.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.jobs.join import join_tables
+
+NS = 1_000_000_000
+
+
+def join(
+    frame: pd.DataFrame,
+    *,
+    left: str = "eth0",
+    right: str = "wlan0",
+    split_column: str = "Interface",
+    time_column: str = "TimestampNanos",
+    max_gap_seconds: float | None = None,
+) -> tuple[pd.DataFrame, dict]:
+    """Pairs as rows with `left_*` and `right_*` columns; counts as metrics."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    series = [table.filter(pc.equal(table[split_column], v)) for v in (left, right)]
+    gap = None
+    if max_gap_seconds is not None:
+        is_int = pa.types.is_integer(table.schema.field(time_column).type)
+        gap = max_gap_seconds * NS if is_int else max_gap_seconds
+    result = join_tables(series[0], series[1], time_column=time_column, max_gap=gap)
+    metrics = {"left": left, "right": right, **result.as_dict()}
+    return result.table.to_pandas(), metrics

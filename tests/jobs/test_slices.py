@@ -1,0 +1,111 @@
+"""Time-window slices: cuts from writers' time bounds, stable ids, listing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from pipeline import cli
+from pipeline.jobs.slices import (
+    BadSliceRecord,
+    InvalidTimeWindow,
+    SliceNotFound,
+    SliceRecord,
+    find_slice,
+    format_ns,
+    list_slices,
+    parse_time_ns,
+    record_slices,
+    time_window_slice,
+)
+from tests.jobs.test_replay_support import STREAM, T0, nic_stream
+
+SECOND = 1_000_000_000
+COMMANDS = ("pipeline.jobs.replay_commands",)
+
+
+def test_time_window_slice_holds_exactly_the_events_of_the_window(store):
+    written = nic_stream(store, {"edge1": [[100] * 10] * 5, "edge2": [[50] * 10] * 5})
+    record = time_window_slice(store, STREAM, T0 + 1 * SECOND, T0 + 3 * SECOND)
+    start, end = record.cuts
+    got = [(e.routing_key, e.offset) for e in store.read(STREAM, start, end)]
+    expected = [
+        (w.key, w.offset) for w in written if w.t_max >= T0 + SECOND and w.t_min < T0 + 3 * SECOND
+    ]
+    assert sorted(got) == sorted(expected) and len(got) == 4
+    assert (record.start_time_ns, record.end_time_ns) == (T0 + SECOND, T0 + 3 * SECOND - 1)
+
+
+def test_slice_ids_are_stable_and_recording_twice_adds_nothing(store):
+    nic_stream(store, {"edge1": [[1] * 3] * 3})
+    a = time_window_slice(store, STREAM, T0, T0 + 2 * SECOND, sensor="edge1")
+    b = time_window_slice(store, STREAM, T0, T0 + 2 * SECOND, sensor="edge1")
+    other = time_window_slice(store, STREAM, T0, T0 + 2 * SECOND, sensor="edge2")
+    assert a == b and a.slice_id != other.slice_id
+    assert record_slices(store, [a, other]) == [a, other]
+    assert record_slices(store, [b]) == []
+    assert list_slices(store, STREAM) == [a, other]
+    assert find_slice(store, a.slice_id) == a
+    with pytest.raises(SliceNotFound, match=re.escape("no slice 'sl-nope' in sluice/slices")):
+        find_slice(store, "sl-nope")
+
+
+def test_a_foreign_event_in_the_slices_stream_is_reported(store):
+    store.create_stream("sluice/slices")
+    with store.writer("sluice/slices") as w:
+        w.write(b'{"version": 99}', routing_key="x")
+    with pytest.raises(BadSliceRecord, match=re.escape("version 99, this Sluice reads version 1")):
+        list_slices(store)
+
+
+def test_times_parse_as_utc_and_bad_windows_are_refused(store):
+    assert parse_time_ns("2026-11-01T10:00Z") == T0 == parse_time_ns("2026-11-01T10:00")
+    assert parse_time_ns("2026-11-01T11:00+01:00") == T0
+    assert format_ns(T0 + 5) == "2026-11-01T10:00:00.000000005Z"
+    with pytest.raises(InvalidTimeWindow, match="use ISO 8601"):
+        parse_time_ns("yesterday")
+    nic_stream(store, {"edge1": [[1]]})
+    with pytest.raises(InvalidTimeWindow, match="must be after --from"):
+        time_window_slice(store, STREAM, T0, T0)
+
+
+def test_record_round_trips_through_json():
+    record = SliceRecord(
+        slice_id="sl-1",
+        stream=STREAM,
+        sensor="edge1",
+        start_cut="v1~examples~network~0-0",
+        end_cut="v1~examples~network~0-10",
+        start_time_ns=1,
+        end_time_ns=2,
+        reason="r",
+        created_by="me",
+        sensor_by="routing_key",
+    )
+    assert json.loads(record.to_json())["version"] == 1
+
+
+def test_sluice_slices_create_and_list(store, store_dir, monkeypatch, capsys):
+    nic_stream(store, {"edge1": [[1] * 3] * 3, "edge2": [[1] * 3] * 3})
+    store.close()
+    monkeypatch.setattr(cli, "COMMAND_MODULES", COMMANDS)
+    base = ["--store", f"embedded:{store_dir}", "slices"]
+    window = ["--from", "2026-11-01T10:00:01Z", "--to", "2026-11-01T10:00:02Z"]
+    assert cli.main([*base, "create", STREAM, *window, "--sensor", "edge2"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["status"] == "created" and created["sensor"] == "edge2"
+    assert created["start_time"] == "2026-11-01T10:00:01.000000000Z"
+    assert cli.main([*base, "create", STREAM, *window, "--sensor", "edge2"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "exists"
+    assert cli.main([*base, "list", STREAM]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["slice_id", "sensor", "start_time"]
+    assert table[2].split()[:2] == [created["slice_id"], "edge2"]
+    assert table[-1] == "(1 row)"
+    assert cli.main([*base, "list", STREAM, "--json"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["slice_id"] for r in listed] == [created["slice_id"]]
+    assert cli.main([*base, "create", "examples/nothing", *window]) == 1
+    assert "stream examples/nothing does not exist" in capsys.readouterr().err

@@ -65,11 +65,15 @@ class ColumnBatch:
         for name, array in self.columns.items():
             array.extend(columns[name])
 
-    def detach(self) -> ColumnBatch:
-        """Hand over the samples so far as a new batch, leaving this one empty."""
+    def detach(self, count: int | None = None) -> ColumnBatch:
+        """Hand over the first `count` samples (default all) as a new batch."""
         taken = ColumnBatch((), self.constants)
-        taken.columns = self.columns
-        self.columns = {name: [] for name in self.columns}
+        if count is None or count >= len(self):
+            taken.columns = self.columns
+            self.columns = {name: [] for name in self.columns}
+        else:
+            taken.columns = {name: array[:count] for name, array in self.columns.items()}
+            self.columns = {name: array[count:] for name, array in self.columns.items()}
         return taken
 
     def take_events(self, routing_key: str | None) -> list[PendingEvent]:

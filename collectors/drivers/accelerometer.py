@@ -94,8 +94,9 @@ class AccelerometerDriver:
                     fd = self._after_eof(fd, ctx)
                     continue
                 partial = self._decode(partial + data, batch)
-                if len(batch) >= self.config.samples_per_event:
-                    ctx.append(batch.take_events(self.config.routing_key))
+                while len(batch) >= self.config.samples_per_event:
+                    taken = batch.detach(self.config.samples_per_event)
+                    ctx.append(taken.take_events(self.config.routing_key))
         finally:
             os.close(fd)
         if len(batch):

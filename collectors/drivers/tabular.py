@@ -63,6 +63,9 @@ def _csv_rows(path: Path, fmt: TableFormat) -> Iterator[dict]:
             for fields in reader:
                 if not fields:
                     continue  # blank line
+                if any("\0" in field for field in fields):
+                    msg = f"line {reader.line_num}: a NUL character (a damaged or binary file)"
+                    raise BadFile(msg)
                 if len(fields) != len(header):
                     msg = (
                         f"line {reader.line_num}: {len(fields)} fields where the header "

@@ -132,3 +132,58 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeou
         cwd=cwd or REPO,
         timeout=timeout,
     )
+
+
+class Broker:
+    """A mosquitto process on a free loopback port, with a config written for the test."""
+
+    def __init__(self, binary: str, directory: Path) -> None:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        conf = directory / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence false\n"
+            "max_inflight_messages 50\n"
+            "max_queued_messages 100000\n"
+        )
+        self.log = directory / "mosquitto.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+            )
+        self._wait_listening()
+
+    def _wait_listening(self) -> None:
+        import socket
+        import time
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        msg = f"mosquitto did not listen on {self.port}: {self.log.read_text()}"
+        raise RuntimeError(msg)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def mosquitto(tmp_path) -> Iterator[Broker]:
+    import shutil
+
+    binary = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/sbin")
+    if binary is None:
+        pytest.skip("mosquitto is not installed: apt-get install -y mosquitto (make system-deps)")
+    broker = Broker(binary, tmp_path)
+    yield broker
+    broker.stop()

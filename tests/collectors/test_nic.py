@@ -1,0 +1,117 @@
+"""NIC driver: the reference's event layout from a real interface, pacing, a vanishing counter."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+from collectors.batch import camel_case, format_timestamp
+from collectors.buffer import Buffer
+
+from .conftest import read_payloads
+
+
+def test_the_timestamp_format_is_the_references():
+    assert format_timestamp(1609363757809000000) == "2020-12-30T21:29:17.809Z"
+    assert format_timestamp(1609363757809999999) == "2020-12-30T21:29:17.809Z"
+    assert camel_case("rx_bytes") == "RxBytes"
+    assert camel_case("rx_crc_errors") == "RxCrcErrors"
+
+
+def test_loopback_counters_in_the_reference_layout(make_config, service, store_dir):
+    config = make_config(
+        {
+            "net": {
+                "driver": "nic",
+                "stream": "examples/network",
+                "interface": "lo",
+                "samples_per_sec": 200,
+                "samples_per_event": 50,
+                "routing_key": "edge-01",
+            }
+        }
+    )
+    running = service(config)
+    time.sleep(1.6)
+    assert running.stop() == 0
+    payloads = read_payloads(store_dir, "examples/network")
+    assert len(payloads) >= 6  # 1.6 s at 200/s = ~320 samples; the last partial batch too
+    first = payloads[0]
+    assert list(first) == [
+        "TimestampNanos",
+        "RxBytes",
+        "TxBytes",
+        "RemoteAddr",
+        "Interface",
+        "LastTimestampFormatted",
+    ]
+    assert (first["RemoteAddr"], first["Interface"]) == ("edge-01", "lo")
+    assert len(first["TimestampNanos"]) == len(first["RxBytes"]) == 50
+    assert first["LastTimestampFormatted"] == format_timestamp(first["TimestampNanos"][-1])
+    raw = json.dumps(first, separators=(",", ":"))
+    assert raw.startswith('{"TimestampNanos":[') and " " not in raw.replace("edge-01", "")
+    times = [t for p in payloads for t in p["TimestampNanos"]]
+    assert times == sorted(times)
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    assert 4_000_000 <= gaps[len(gaps) // 2] <= 6_000_000  # median interval ~5 ms
+    rx = [v for p in payloads for v in p["RxBytes"]]
+    assert rx == sorted(rx)  # a byte counter never goes back
+    assert sum(len(p["TimestampNanos"]) for p in payloads) >= 250
+
+
+def test_extra_statistics_add_arrays(make_config, service, store_dir):
+    config = make_config(
+        {
+            "net": {
+                "driver": "nic",
+                "stream": "examples/network",
+                "interface": "lo",
+                "statistics": ["rx_packets", "tx_bytes", "rx_errors"],
+                "samples_per_sec": 100,
+                "samples_per_event": 20,
+            }
+        }
+    )
+    running = service(config)
+    time.sleep(0.5)
+    running.stop()
+    first = read_payloads(store_dir, "examples/network")[0]
+    assert list(first)[:4] == ["TimestampNanos", "RxPackets", "TxBytes", "RxErrors"]
+
+
+def test_a_counter_that_goes_away_is_reported_and_sampling_resumes(
+    make_config, service, store_dir, tmp_path
+):
+    root = tmp_path / "net"
+    stats = root / "wlan9" / "statistics"
+    stats.mkdir(parents=True)
+    (stats / "rx_bytes").write_text("100\n")
+    (stats / "tx_bytes").write_text("7\n")
+    config = make_config(
+        {
+            "net": {
+                "driver": "nic",
+                "stream": "examples/network",
+                "interface": "wlan9",
+                "sysfs_root": str(root),
+                "samples_per_sec": 100,
+                "samples_per_event": 10,
+            }
+        }
+    )
+    running = service(config)
+    time.sleep(0.5)
+    (stats / "rx_bytes").write_text("not a number\n")  # the interface went away
+    time.sleep(1.0)
+    (stats / "rx_bytes").write_text("250\n")
+    time.sleep(2.0)
+    running.stop()
+    values = [v for p in read_payloads(store_dir, "examples/network") for v in p["RxBytes"]]
+    assert values[0] == 100 and values[-1] == 250
+    assert set(values) == {100, 250}  # no invented values while it was gone
+    buffer = Buffer(config.instances[0].buffer_file, 10)
+    (source, message) = buffer.conn.execute(
+        "SELECT source, message FROM errors ORDER BY id LIMIT 1"
+    ).fetchone()
+    assert source == "nic.read" and "cannot read the counters of wlan9" in message

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 TRIGGER_FLAG, FORMAT_FLAG, ROWS_FLAG = "--trigger", "--format", "--max-rows-per-file"
 JOB_REGISTRARS = (
     "pipeline.jobs.commands:register_builtin",  # mirror, export, console
+    "pipeline.jobs.bookmark:register_run",  # bookmark
 )
 
 

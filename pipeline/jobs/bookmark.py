@@ -1,0 +1,422 @@
+"""The bookmark job: watch a stream and record a slice wherever a sensor's condition holds.
+
+    sluice run bookmark --stream examples/network --schema NetworkSamples \\
+        --sensor-by RemoteAddr,Interface --burst-mbps 50 --available-now
+
+Per sensor (its routing key, or flattened columns such as `RemoteAddr,Interface`), a *run* is
+a maximal sequence of that sensor's consecutive events in which at least one sample meets a
+condition; the first later event of the sensor with no such sample closes the run and records
+one slice (seed 004: "stream slices where events for a sensor are < 0"). Conditions (any of):
+
+- `--below FIELD=VALUE` / `--above FIELD=VALUE`: a sample's value strictly below / above;
+- `--burst-mbps N`: the NIC's rx or tx rate since its previous sample above N Mbit/s (the
+  previous sample may be in an earlier event or batch: it is kept in the job's state);
+- `--predicate module:function`: `function(frame) -> booleans`, one per row of a pandas
+  DataFrame holding the flattened rows of a batch (with `_routing_key` and `_time_ns`).
+
+Cuts are as tight as event boundaries allow: in each segment holding the run, the start cut
+is the first event of interest's `offset` and the end cut the last one's `end_offset`; every
+other segment gets an empty range (start = end = that segment's head when the run closed).
+The slice's time bounds are the first and last matching sample's event time. The reference
+(a Flink checkpoint's cut) is a superset; this is the exact set of events of interest plus
+the sensor's events between them.
+
+How it runs: Spark's `sluice` streaming source (cuts as offsets, admission control, the
+checkpoint) feeds `foreachBatch`; each batch is processed on the driver in stream order,
+because a run is sequential per sensor. Delivery: **exactly-once slices**. The per-sensor
+state is saved after each batch under the batch id, next to Spark's checkpoint; a batch
+Spark re-runs after a crash starts from the state of the batch before it, and `slice_id`s are
+deterministic, so re-recording a slice is a no-op (`record_slices` skips known ids).
+A run still open when the job stops stays open in the state until the sensor's next event.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import operator
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.errors import SluiceError
+from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, record_slices
+from pipeline.streams import StreamCut, open_store, parse_stream
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
+    from pipeline.schemas import FlattenPlan
+    from pipeline.streams import StreamStore
+
+STATE_VERSION = 1
+Kind = Literal["below", "above", "burst", "predicate"]
+
+
+class BookmarkError(SluiceError, ValueError):
+    def __init__(self, what: str, reason: str) -> None:
+        self.what, self.reason = what, reason
+        msg = f"bookmark {what}: {reason}"
+        super().__init__(msg)
+
+
+# --- conditions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    kind: Kind
+    field: str = ""
+    value: float = 0.0
+    predicate: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "below":
+            return f"{self.field} < {self.value:g}"
+        if self.kind == "above":
+            return f"{self.field} > {self.value:g}"
+        if self.kind == "burst":
+            return f"NIC rate above {self.value:g} Mbit/s"
+        return f"predicate {self.predicate}"
+
+
+def threshold(kind: Literal["below", "above"], text: str) -> Condition:
+    """`FIELD=VALUE` of `--below` / `--above`."""
+    name, eq, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if not eq or not name or number is None:
+        msg = f"--{kind} {text!r}"
+        raise BookmarkError(msg, "expected FIELD=NUMBER, e.g. value=0")
+    return Condition(kind, field=name.strip(), value=number)
+
+
+def _predicate(spec: str) -> Callable[[pd.DataFrame], Any]:
+    module, colon, name = spec.partition(":")
+    function = getattr(importlib.import_module(module), name, None) if colon else None
+    if not callable(function):
+        msg = f"--predicate {spec!r}"
+        raise BookmarkError(msg, "name a function as module:function")
+    return function
+
+
+# --- state ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class OpenRun:
+    """A sensor's run in progress: per segment [first offset, last end offset], times."""
+
+    ranges: dict[int, list[int]]
+    t_min: int
+    t_max: int
+
+
+@dataclass(slots=True)
+class BookmarkState:
+    """What the job carries from batch to batch (saved as JSON after each batch)."""
+
+    runs: dict[str, OpenRun] = field(default_factory=dict)
+    #: per sensor: [time_ns, rx, tx] of its latest sample (for rates across events)
+    last: dict[str, list[int]] = field(default_factory=dict)
+    version: int = STATE_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BookmarkState:
+        data = json.loads(text)
+        if data.get("version") != STATE_VERSION:
+            msg = "state"
+            raise BookmarkError(msg, f"version {data.get('version')!r} is not {STATE_VERSION}")
+        runs = {
+            k: OpenRun({int(s): r for s, r in v["ranges"].items()}, v["t_min"], v["t_max"])
+            for k, v in data["runs"].items()
+        }
+        return cls(runs=runs, last={k: list(v) for k, v in data["last"].items()})
+
+
+@dataclass(frozen=True, slots=True)
+class BookmarkSpec:
+    stream: str
+    schema: str
+    store: str
+    conditions: tuple[Condition, ...]
+    sensor_by: str = "routing_key"
+    slices_stream: str = DEFAULT_SLICES_STREAM
+    name: str = "bookmark"
+
+    @property
+    def reason(self) -> str:
+        return " or ".join(c.describe() for c in self.conditions)
+
+
+def check_conditions(spec: BookmarkSpec) -> None:
+    if not spec.conditions:
+        reason = "give a condition: --below, --above, --burst-mbps or --predicate"
+        raise BookmarkError(spec.stream, reason)
+
+
+# --- one batch ------------------------------------------------------------------------------
+
+
+class Bookmarker:
+    """Applies the conditions to batches of events, in stream order, updating `state`."""
+
+    def __init__(self, spec: BookmarkSpec, plan: FlattenPlan, state: BookmarkState) -> None:
+        check_conditions(spec)
+        self.spec, self.plan, self.state = spec, plan, state
+        self.columns = [c.strip() for c in spec.sensor_by.split(",")]
+        self.predicates = {
+            c.predicate: _predicate(c.predicate) for c in spec.conditions if c.kind == "predicate"
+        }
+
+    def _frame(self, events: pa.Table) -> pd.DataFrame:
+        from pipeline.schemas import Events, flatten
+
+        batch = Events.from_arrow(events)
+        out = flatten(self.plan, batch)
+        frame = out.rows.to_pandas()
+        frame["_time_ns"] = out.time_ns
+        keys = dict(
+            zip(zip(batch.segments, batch.offsets, strict=True), batch.routing_keys, strict=True)
+        )
+        frame["_routing_key"] = [
+            keys[k] for k in zip(frame["_segment"], frame["_offset"], strict=True)
+        ]
+        if self.spec.sensor_by == "routing_key":
+            frame["_sensor"] = frame["_routing_key"]
+        else:
+            missing = [c for c in self.columns if c not in frame.columns]
+            if missing:
+                msg = "--sensor-by"
+                raise BookmarkError(msg, f"no column {', '.join(missing)} in the rows")
+            frame["_sensor"] = frame[self.columns].astype(str).agg("/".join, axis=1)
+        return frame
+
+    def _burst(self, frame: pd.DataFrame, mbps: float) -> np.ndarray:
+        """Rows whose rx or tx rate since the sensor's previous sample is above `mbps`."""
+        hit = np.zeros(len(frame), dtype=bool)
+        for sensor, rows in frame.groupby("_sensor", sort=False):
+            t = rows["TimestampNanos"].to_numpy(np.int64)
+            counters = rows[["RxBytes", "TxBytes"]].to_numpy(np.int64)
+            prev = self.state.last.get(sensor)
+            base_t = np.concatenate([[prev[0]] if prev else [t[0]], t[:-1]])
+            base_c = np.vstack([[prev[1:]] if prev else counters[:1], counters[:-1]])
+            seconds = (t - base_t) / 1e9
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rates = (counters - base_c) * 8 / 1e6 / seconds[:, None]
+            hit[frame.index.get_indexer(rows.index)] = (np.nan_to_num(rates) > mbps).any(axis=1)
+            self.state.last[sensor] = [int(t[-1]), *map(int, counters[-1])]
+        return hit
+
+    def matches(self, frame: pd.DataFrame) -> np.ndarray:
+        hit = np.zeros(len(frame), dtype=bool)
+        for c in self.spec.conditions:
+            if c.kind in ("below", "above"):
+                if c.field not in frame.columns:
+                    msg = f"--{c.kind}"
+                    raise BookmarkError(msg, f"no column {c.field!r} in the rows")
+                compare = operator.lt if c.kind == "below" else operator.gt
+                hit |= compare(frame[c.field].to_numpy(), c.value)
+            elif c.kind == "burst":
+                hit |= self._burst(frame, c.value)
+            else:
+                hit |= np.asarray(self.predicates[c.predicate](frame), dtype=bool)
+        return hit
+
+    def process(self, events: pa.Table, heads: dict[int, int]) -> list[SliceRecord]:
+        """The slices the batch closes; `events` are `sluice` source rows in stream order."""
+        if events.num_rows == 0:
+            return []
+        frame = self._frame(events)
+        hit = self.matches(frame)
+        times = frame["_time_ns"].to_numpy(np.int64)
+        frame["_hit"] = hit
+        frame["_t_min"] = np.where(hit, times, np.iinfo(np.int64).max)
+        frame["_t_max"] = np.where(hit, times, np.iinfo(np.int64).min)
+        per_event = frame.groupby(["_segment", "_offset", "_sensor"], sort=False).agg(
+            hit=("_hit", "any"), t_min=("_t_min", "min"), t_max=("_t_max", "max")
+        )
+        positions = zip(events["segment"].to_pylist(), events["offset"].to_pylist(), strict=True)
+        ends = dict(zip(positions, events["end_offset"].to_pylist(), strict=True))
+        closed = []
+        for (segment, offset, sensor), row in per_event.iterrows():
+            run = self.state.runs.get(sensor)
+            if row["hit"]:
+                end = ends[(int(segment), int(offset))]
+                self._extend(sensor, int(segment), int(offset), end, row)
+            elif run is not None:
+                closed.append(self._close(sensor, run, heads))
+        return closed
+
+    def _extend(self, sensor: str, segment: int, offset: int, end: int, row: Any) -> None:
+        run = self.state.runs.get(sensor)
+        if run is None:
+            self.state.runs[sensor] = OpenRun(
+                {segment: [offset, end]}, int(row["t_min"]), int(row["t_max"])
+            )
+            return
+        first, _ = run.ranges.get(segment, [offset, end])
+        run.ranges[segment] = [first, end]
+        run.t_min, run.t_max = min(run.t_min, int(row["t_min"])), max(run.t_max, int(row["t_max"]))
+
+    def _close(self, sensor: str, run: OpenRun, heads: dict[int, int]) -> SliceRecord:
+        del self.state.runs[sensor]
+        scope, name = parse_stream(self.spec.stream)
+        starts = {**heads, **{s: r[0] for s, r in run.ranges.items()}}
+        ends = {**heads, **{s: r[1] for s, r in run.ranges.items()}}
+        return SliceRecord.create(
+            stream=self.spec.stream,
+            sensor=sensor,
+            start_cut=StreamCut.of(scope, name, starts),
+            end_cut=StreamCut.of(scope, name, ends),
+            start_time_ns=run.t_min,
+            end_time_ns=run.t_max,
+            reason=self.spec.reason,
+            created_by=f"sluice run bookmark ({self.spec.name})",
+            sensor_by=self.spec.sensor_by,
+        )
+
+
+# --- the job --------------------------------------------------------------------------------
+
+
+def _state_path(root: Path, batch_id: int) -> Path:
+    return root / f"state-{batch_id:012d}.json"
+
+
+def load_state(root: Path, before: int) -> BookmarkState:
+    """The state saved by the latest batch before `before` (a fresh one if none)."""
+    saved = sorted(p for p in root.glob("state-*.json") if int(p.stem[6:]) < before)
+    return BookmarkState.from_json(saved[-1].read_text()) if saved else BookmarkState()
+
+
+def save_state(root: Path, batch_id: int, state: BookmarkState) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    path = _state_path(root, batch_id)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(state.to_json())
+    staging.replace(path)
+    for old in sorted(root.glob("state-*.json"))[:-2]:
+        old.unlink()
+
+
+def process_batch(
+    store: StreamStore,
+    spec: BookmarkSpec,
+    plan: FlattenPlan,
+    root: Path,
+    *,
+    batch_id: int,
+    events: pa.Table,
+) -> list[SliceRecord]:
+    """One micro-batch, idempotently: skip it if its state exists, else record and save."""
+    if _state_path(root, batch_id).exists():
+        return []
+    bookmarker = Bookmarker(spec, plan, load_state(root, batch_id))
+    ordered = events.sort_by([("segment", "ascending"), ("offset", "ascending")])
+    closed = bookmarker.process(ordered, store.head(spec.stream).segments)
+    record_slices(store, closed, spec.slices_stream)
+    save_state(root, batch_id, bookmarker.state)
+    return closed
+
+
+def _foreach(spec: BookmarkSpec, root: Path) -> Callable[[DataFrame, int], None]:
+    from pipeline.schemas import flatten_plan
+
+    plan = flatten_plan(spec.schema)
+
+    def run_batch(batch: DataFrame, batch_id: int) -> None:
+        with open_store(spec.store) as store:
+            process_batch(store, spec, plan, root, batch_id=batch_id, events=batch.toArrow())
+
+    return run_batch
+
+
+def bookmark(
+    spark: SparkSession,
+    spec: BookmarkSpec,
+    run: RunOptions,
+    report: Callable[[BatchReport], None] = lambda _: None,
+) -> JobSummary:
+    """Run the bookmark job (see the module doc) until caught up or stopped."""
+    from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+    from pipeline.jobs.streaming import JobSummary, await_query, source_frame, with_trigger
+
+    identity = JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
+    root = run.checkpoint or default_checkpoint("bookmark", spec.stream, spec.slices_stream)
+    with Checkpoint(root, identity) as checkpoint:
+        frame = source_frame(spark, spec.store, spec.stream, run)
+        writer = frame.writeStream.foreachBatch(_foreach(spec, checkpoint.root / "bookmarks"))
+        writer = with_trigger(writer, run).option("checkpointLocation", str(checkpoint.spark_dir))
+        query = writer.queryName(f"bookmark {spec.stream}").start()
+        batches = await_query("bookmark", query, run, report)
+        return JobSummary(
+            "bookmark",
+            str(checkpoint.root),
+            batches,
+            {"slices_stream": spec.slices_stream, "reason": spec.reason},
+        )
+
+
+# --- `sluice run bookmark` ------------------------------------------------------------------
+
+
+def register_run(jobs: Any, common: Any) -> None:
+    p = jobs.add_parser("bookmark", parents=[common], help="record slices where a condition holds")
+    p.add_argument("--stream", required=True, help="SCOPE/STREAM to watch")
+    p.add_argument("--schema", required=True, help="Avro schema (bundled name or .avsc)")
+    p.add_argument(
+        "--sensor-by",
+        default="routing_key",
+        help="routing_key, or columns naming a sensor, e.g. RemoteAddr,Interface",
+    )
+    p.add_argument("--below", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--above", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--burst-mbps", type=float, help="NIC rx or tx rate above this")
+    p.add_argument("--predicate", action="append", default=[], metavar="MODULE:FUNCTION")
+    p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
+    p.set_defaults(func=_run_bookmark)
+
+
+def spec_from_args(args: Any, store: str) -> BookmarkSpec:
+    conditions = [threshold("below", t) for t in args.below]
+    conditions += [threshold("above", t) for t in args.above]
+    if args.burst_mbps is not None:
+        conditions.append(Condition("burst", value=args.burst_mbps))
+    conditions += [Condition("predicate", predicate=p) for p in args.predicate]
+    for c in conditions:
+        if c.kind == "predicate":
+            _predicate(c.predicate)  # refuse a bad name before Spark starts
+    return BookmarkSpec(
+        args.stream, args.schema, store, tuple(conditions), args.sensor_by, args.slices_stream
+    )
+
+
+def _run_bookmark(args: Any) -> int:
+    from pipeline.jobs.commands import (
+        check_stream,
+        job_session,
+        print_report,
+        print_summary,
+        run_options,
+        store_uri,
+    )
+    from pipeline.schemas import flatten_plan
+
+    store = store_uri(args)
+    spec = spec_from_args(args, store)
+    check_conditions(spec)
+    flatten_plan(spec.schema)
+    check_stream(store, spec.stream)
+    return print_summary(bookmark(job_session(), spec, run_options(args), report=print_report))

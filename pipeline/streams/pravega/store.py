@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -96,6 +97,11 @@ class PravegaStore(StreamStore):
         self._controller = ControllerChannel(self._settings)
         self._txn_writers: dict[str, Any] = {}
         self._segment_bytes: dict[str, SegmentBytes] = {}
+        # transactions begun here and still referenced: a lookup by id shares their client
+        # object, whose commit waits for every event written through it
+        self._begun: weakref.WeakValueDictionary[int, PravegaTransaction] = (
+            weakref.WeakValueDictionary()
+        )
         self._lease_noted = False
 
     def __repr__(self) -> str:
@@ -214,11 +220,19 @@ class PravegaStore(StreamStore):
         writer = self._txn_writer(stream)
         handle = self._call("begin transaction", writer.begin_txn, stream)
         txn_id = int(self._call("read transaction id", handle.get_txn_id, stream))
-        return self._transaction(stream, txn_id, handle)
+        txn = self._transaction(stream, txn_id, handle)
+        self._begun[txn_id] = txn
+        return txn
 
     def get_transaction(self, stream: str, txn_id: str) -> Transaction:
+        """The transaction `txn_id`. One begun by this store object (and still referenced)
+        shares its client object and can be committed; any other can be inspected, aborted,
+        or "committed" once it is committed (see `PravegaTransaction`)."""
         self._existing(stream)
-        txn = self._transaction(stream, parse_txn_id(txn_id), None)
+        number = parse_txn_id(txn_id)
+        begun = self._begun.get(number)
+        handle = begun.client_handle() if begun is not None and begun.stream == stream else None
+        txn = self._transaction(stream, number, handle)
         txn.state()  # TxnNotFound for an id the controller does not know
         return txn
 

@@ -206,6 +206,10 @@ class PravegaTransaction(Transaction):
             self._known = state
         return state
 
+    def client_handle(self) -> Any | None:
+        """The client object that wrote this transaction, if this handle has it."""
+        return None if self._foreign else self._handle
+
     def _client_handle(self) -> Any:
         if self._handle is None:
             self._handle = self._reopen(self._id)

@@ -15,10 +15,36 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.streams.cut import StreamCut
+from pipeline.streams.errors import EventTooLarge
+from pipeline.streams.names import check_routing_key
 
 MAX_EVENT_SIZE = 8 * 1024 * 1024
 #: Long enough for weeks without network: an open transaction lives this long by default.
-DEFAULT_TXN_LEASE_SECONDS = 90 * 24 * 3600
+#: 30 days is also the longest lease a Pravega controller grants.
+DEFAULT_TXN_LEASE_SECONDS = 30 * 24 * 3600
+
+#: What a backend can do beyond the common core; the contract suite skips what is missing.
+Feature = Literal[
+    "multi_segment",  # read, cut and route over several segments
+    "writer_ids",  # idempotent writers (writer id + event numbers)
+    "txn_flush",  # a transaction's events are durable before commit
+    "time_cuts",  # cuts from commit-time event-time bounds
+    "reader_groups",
+    "scaling",
+]
+ALL_FEATURES: frozenset[Feature] = frozenset(Feature.__args__)  # type: ignore[attr-defined]
+
+
+def check_event(payload: bytes, routing_key: str | None) -> bytes:
+    """The payload as bytes, if it and its routing key are acceptable; else a typed error."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        msg = f"an event payload is bytes, not {type(payload).__name__}"
+        raise TypeError(msg)
+    if len(payload) > MAX_EVENT_SIZE:
+        raise EventTooLarge(len(payload), MAX_EVENT_SIZE)
+    check_routing_key(routing_key)
+    return bytes(payload)
+
 
 TxnState = Literal["open", "committing", "committed", "aborted"]
 
@@ -240,6 +266,7 @@ class StreamStore(ABC):
     """Scopes, streams, writers, transactions, readers, cuts, truncation and retention."""
 
     uri: str
+    features: frozenset[Feature] = ALL_FEATURES
 
     # --- scopes and streams -------------------------------------------------------------
     @abstractmethod

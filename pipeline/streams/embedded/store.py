@@ -16,7 +16,6 @@ from pathlib import Path
 
 from pipeline.streams.api import (
     DEFAULT_TXN_LEASE_SECONDS,
-    MAX_EVENT_SIZE,
     Event,
     EventWriter,
     ReaderGroup,
@@ -26,6 +25,7 @@ from pipeline.streams.api import (
     StreamInfo,
     StreamStore,
     Transaction,
+    check_event,
 )
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.embedded.blocks import (
@@ -38,7 +38,6 @@ from pipeline.streams.embedded.blocks import (
 from pipeline.streams.embedded.catalog import Catalog, now_ns
 from pipeline.streams.embedded.segment import SegmentFile
 from pipeline.streams.errors import (
-    EventTooLarge,
     InvalidCut,
     StoreUnavailable,
     StreamNotFound,
@@ -46,7 +45,7 @@ from pipeline.streams.errors import (
     StreamSealed,
     Truncated,
 )
-from pipeline.streams.names import check_name, check_routing_key, parse_stream
+from pipeline.streams.names import check_name, parse_stream
 
 READ_CHUNK = 1 << 20
 SINGLE_EVENT_READ = 16 << 10
@@ -352,12 +351,7 @@ class EmbeddedStore(StreamStore):
 
     @staticmethod
     def encode(payload: bytes, key: str | None) -> bytes:
-        if not isinstance(payload, bytes | bytearray | memoryview):
-            msg = f"an event payload is bytes, not {type(payload).__name__}"
-            raise TypeError(msg)
-        if len(payload) > MAX_EVENT_SIZE:
-            raise EventTooLarge(len(payload), MAX_EVENT_SIZE)
-        return encode_event(bytes(payload), check_routing_key(key))
+        return encode_event(check_event(payload, key), key)
 
     def check_writable(self, row: StreamRow) -> None:
         if self.is_sealed(row):

@@ -41,6 +41,7 @@ from pipeline.streams.api import (
     DEFAULT_TXN_LEASE_SECONDS,
     Event,
     EventWriter,
+    Feature,
     ReaderGroup,
     Retention,
     SegmentInfo,
@@ -88,6 +89,10 @@ class PravegaStore(StreamStore):
     `commit()` returns and resolves a crash through `get_transaction(...).state()`; plain
     writers are at-least-once across crashes. Reads between cuts are exact and repeatable.
     """
+
+    #: The client reads whole streams, not chosen segments, has no writer ids, confirms a
+    #: transaction's events only at commit, and keeps no time index: see the docstrings.
+    features: frozenset[Feature] = frozenset()
 
     def __init__(self, uri: str, settings: PravegaSettings | None = None) -> None:
         self._settings = settings or PravegaSettings.from_uri(uri, os.environ)

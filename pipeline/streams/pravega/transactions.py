@@ -27,15 +27,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pipeline.streams.api import MAX_EVENT_SIZE, EventWriter, Transaction, TxnState
+from pipeline.streams.api import EventWriter, Transaction, TxnState, check_event
 from pipeline.streams.errors import (
-    EventTooLarge,
     StreamStoreError,
     TxnFailed,
     TxnNotFound,
     Unsupported,
 )
-from pipeline.streams.names import check_routing_key
 from pipeline.streams.pravega.controller import ControllerChannel, ControllerTxnState
 
 BACKEND = "Pravega (python client 0.3.8)"
@@ -46,16 +44,6 @@ _TERMINAL: dict[ControllerTxnState, TxnState] = {
     "aborting": "aborted",
     "aborted": "aborted",
 }
-
-
-def check_payload(payload: bytes, routing_key: str | None) -> bytes:
-    if not isinstance(payload, bytes | bytearray | memoryview):
-        msg = f"an event payload is bytes, not {type(payload).__name__}"
-        raise TypeError(msg)
-    if len(payload) > MAX_EVENT_SIZE:
-        raise EventTooLarge(len(payload), MAX_EVENT_SIZE)
-    check_routing_key(routing_key)
-    return bytes(payload)
 
 
 def format_txn_id(txn_id: int) -> str:
@@ -89,7 +77,7 @@ class PravegaWriter(EventWriter):
     ) -> None:
         if event_number is not None:
             raise no_writer_ids()
-        data = check_payload(payload, routing_key)
+        data = check_event(payload, routing_key)
         self._call("write", lambda: self._writer.write_event_bytes(data, routing_key))
 
     def flush(self) -> None:
@@ -145,7 +133,7 @@ class PravegaTransaction(Transaction):
         return f"PravegaTransaction({self.stream!r}, {self.txn_id!r})"
 
     def write(self, payload: bytes, routing_key: str | None = None) -> None:
-        data = check_payload(payload, routing_key)
+        data = check_event(payload, routing_key)
         if self._known is not None:
             raise TxnFailed(self.txn_id, self._known, f"it is already {self._known}")
         handle = self._writer_handle("write to a transaction")

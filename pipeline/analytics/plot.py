@@ -48,9 +48,8 @@ def _points(
             f"tx_mbps FROM ({rates}) WHERE interval_s > 0 ORDER BY nic, t"
         )
         return con.sql(sql).fetchnumpy(), None
-    lo, hi = con.sql(
-        f"SELECT min(TimestampNanos), max(TimestampNanos) FROM ({rates})"
-    ).fetchall()[0]
+    bounds = f"SELECT min(TimestampNanos), max(TimestampNanos) FROM ({rates})"
+    lo, hi = con.sql(bounds).fetchall()[0]
     bucket = max(1, (hi - lo) // max(1, max_points // 2) + 1)
     sql = f"""
         SELECT RemoteAddr || '/' || Interface AS nic,

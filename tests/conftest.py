@@ -25,3 +25,17 @@ def store(store_dir):
 
     with open_store(f"embedded:{store_dir}") as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One Spark session (`local[2]`) for the whole run, with the `sluice` sources registered.
+
+    pyspark is imported here, not at module level, so tests that never ask for Spark do not
+    pay for it (and the edge install can run its tests). Mark such tests `pytest.mark.spark`.
+    """
+    from pipeline.spark.session import SparkSettings, spark_session
+
+    session = spark_session(SparkSettings(master="local[2]", app_name="sluice-tests"))
+    yield session
+    session.stop()

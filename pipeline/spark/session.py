@@ -90,7 +90,10 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.sql.streaming.stopTimeout": "30s",
     }
-    conf.update(dict(settings.conf))
+    for key, value in settings.conf:
+        # Java options add to Sluice's (which point Spark at its quiet log configuration).
+        joined = key.endswith(".extraJavaOptions") and key in conf
+        conf[key] = f"{conf[key]} {value}" if joined else value
     return conf
 
 

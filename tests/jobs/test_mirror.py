@@ -1,0 +1,120 @@
+"""`sluice run mirror`: exactly-once copies, another store, fixed keys, one run per checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from pipeline import cli
+from pipeline.jobs.checkpoint import Checkpoint, CheckpointInUse, CheckpointMismatch, JobIdentity
+from pipeline.jobs.mirror import MirrorSpec, mirror
+from pipeline.jobs.streaming import RunOptions
+from pipeline.streams import open_store
+from tests.spark.conftest import fill, per_key_sequences
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def edge(store):
+    store.create_stream("edge/network", segments=2)
+    return store
+
+
+def run_cli(capsys, *argv: str) -> dict:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_mirror_into_another_store_with_a_fixed_routing_key(
+    spark, edge, store_dir, tmp_path, capsys
+):
+    written = fill(edge, "edge/network", 300, keys=4)
+    cloud = f"embedded:{tmp_path / 'cloud'}"
+    summary = run_cli(
+        capsys,
+        "--store", f"embedded:{store_dir}",
+        "run", "mirror", "--stream", "edge/network", "--to", "site-1/network",
+        "--to-store", cloud, "--fixed-routing-key", "site-1", "--max-events", "80",
+    )  # fmt: skip
+    assert summary["events"] == 300 and summary["batches"] >= 4
+    assert summary["lag_bytes"] == 0
+    assert summary["end_cut"] == edge.tail("edge/network").text
+    with open_store(cloud) as target:
+        copied = list(target.read("site-1/network"))
+    assert {e.routing_key for e in copied} == {"site-1"}
+    assert per_key_sequences([e.payload for e in copied]) == per_key_sequences(
+        [w.payload for w in written]
+    )
+    reports = summary["reports"]
+    assert all(r["rows"] == r["events"] for r in reports)
+    assert reports[1]["start_cut"] == reports[0]["end_cut"]
+
+
+def test_a_second_run_continues_where_the_first_stopped(spark, edge, store_dir):
+    uri = f"embedded:{store_dir}"
+    spec = MirrorSpec("edge/network", "cloud/network", uri, uri)
+    fill(edge, "edge/network", 120)
+    first = mirror(spark, spec, RunOptions(max_events=50))
+    fill(edge, "edge/network", 80, first=120)
+    second = mirror(spark, spec, RunOptions())
+    assert (first.events, second.events) == (120, 80)
+    assert second.start_cut == first.end_cut
+    copied = [e.payload for e in edge.read("cloud/network")]
+    assert sorted(copied) == sorted(e.payload for e in edge.read("edge/network"))
+
+
+def test_from_tail_skips_history_on_a_new_checkpoint(spark, edge, store_dir):
+    uri = f"embedded:{store_dir}"
+    fill(edge, "edge/network", 50)
+    summary = mirror(
+        spark, MirrorSpec("edge/network", "cloud/x", uri, uri), RunOptions(starting="tail")
+    )
+    assert summary.events == 0
+    assert list(edge.read("cloud/x")) == []
+
+
+def test_a_second_run_on_a_checkpoint_in_use_is_refused(spark, edge, store_dir, tmp_path):
+    uri = f"embedded:{store_dir}"
+    spec = MirrorSpec("edge/network", "cloud/network", uri, uri)
+    identity = JobIdentity("mirror", f"{uri}#edge/network", f"{uri}#cloud/network")
+    with Checkpoint(tmp_path / "ck", identity):
+        with pytest.raises(CheckpointInUse, match=re.escape("pid ")):
+            mirror(spark, spec, RunOptions(checkpoint=tmp_path / "ck"))
+
+
+def test_a_checkpoint_of_another_job_is_refused(spark, edge, store_dir, tmp_path):
+    uri = f"embedded:{store_dir}"
+    fill(edge, "edge/network", 10)
+    mirror(
+        spark, MirrorSpec("edge/network", "a/b", uri, uri), RunOptions(checkpoint=tmp_path / "ck")
+    )
+    with pytest.raises(CheckpointMismatch, match=re.escape("belongs to `mirror")):
+        mirror(
+            spark,
+            MirrorSpec("edge/network", "a/c", uri, uri),
+            RunOptions(checkpoint=tmp_path / "ck"),
+        )
+
+
+def test_an_unknown_stream_is_one_clear_line(store_dir, capsys):
+    code = cli.main(
+        ["--store", f"embedded:{store_dir}", "run", "mirror", "--stream", "no/such", "--to", "a/b"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("sluice: error: stream no/such does not exist")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_trigger_is_refused(store_dir, capsys):
+    code = cli.main(
+        ["--store", f"embedded:{store_dir}", "run", "mirror", "--stream", "a/b", "--to", "c/d",
+         "--continuous", "--trigger", "soon"]
+    )  # fmt: skip
+    assert code == 1
+    assert "--trigger 'soon'" in capsys.readouterr().err

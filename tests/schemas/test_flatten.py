@@ -1,0 +1,364 @@
+"""The flatten: parallel arrays to rows, nested records, defaults, and every quarantine case."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.schemas import Events, flatten, flatten_plan, parse_schema_text
+from pipeline.schemas.plan import FlattenPlan
+
+
+def nic_event(i: int, n: int = 4, **extra) -> dict:
+    t0 = 1_609_363_757_807_000_000 + i * n * 1_000_000
+    event = {
+        "TimestampNanos": [t0 + k * 1_000_000 for k in range(n)],
+        "RxBytes": [719_763_680 + i * n + k for k in range(n)],
+        "TxBytes": [4_594_274 + k for k in range(n)],
+        "RemoteAddr": "ubuntu",
+        "Interface": "ens33",
+        "LastTimestampFormatted": "2020-12-30T21:29:17.809Z",
+    }
+    event.update(extra)
+    return event
+
+
+def events_of(payloads: list[bytes], segment: int = 0) -> Events:
+    count = len(payloads)
+    return Events(
+        stream="examples/network",
+        payloads=payloads,
+        segments=[segment] * count,
+        offsets=[100 * i for i in range(count)],
+        routing_keys=[f"k{i}" for i in range(count)],
+        ingest_ns=[1_700_000_000_000_000_000 + i for i in range(count)],
+    )
+
+
+def encode(*events: dict) -> list[bytes]:
+    return [json.dumps(e).encode() for e in events]
+
+
+@pytest.fixture
+def nic() -> FlattenPlan:
+    return flatten_plan("NetworkSamples")
+
+
+def test_parallel_arrays_become_one_row_per_index_and_scalars_repeat(nic):
+    result = flatten(nic, events_of(encode(nic_event(0), nic_event(1, n=3))))
+    rows = result.rows.to_pylist()
+    assert len(rows) == 7
+    assert [r["_sample"] for r in rows] == [0, 1, 2, 3, 0, 1, 2]
+    assert [r["_offset"] for r in rows] == [0] * 4 + [100] * 3
+    assert {r["RemoteAddr"] for r in rows} == {"ubuntu"}
+    first = nic_event(0)
+    assert [r["RxBytes"] for r in rows[:4]] == first["RxBytes"]
+    assert [r["TimestampNanos"] for r in rows[:4]] == first["TimestampNanos"]
+    assert result.quarantine.num_rows == 0
+    assert result.time_ns.tolist() == [r["TimestampNanos"] for r in rows]
+
+
+def test_columns_and_lineage_of_the_network_schema(nic):
+    names = nic.arrow_schema.names
+    assert names == [
+        "RemoteAddr",
+        "Interface",
+        "TimestampNanos",
+        "RxBytes",
+        "TxBytes",
+        "_segment",
+        "_offset",
+        "_sample",
+    ]
+    assert nic.time is not None and nic.time.name == "TimestampNanos"
+
+
+def test_unknown_fields_are_ignored(nic):
+    result = flatten(nic, events_of(encode(nic_event(0, RxPackets=[1, 2, 3, 4], Extra={"a": 1}))))
+    assert result.rows.num_rows == 4
+    assert result.quarantine.num_rows == 0
+
+
+def test_an_event_with_empty_arrays_has_no_rows_and_is_not_quarantined(nic):
+    event = nic_event(0, TimestampNanos=[], RxBytes=[], TxBytes=[])
+    result = flatten(nic, events_of(encode(event)))
+    assert result.rows.num_rows == 0
+    assert result.quarantine.num_rows == 0
+
+
+# --- quarantine: one test per case ------------------------------------------------------------
+
+
+def quarantined(plan: FlattenPlan, payloads: list[bytes]) -> list[dict]:
+    result = flatten(plan, events_of(payloads))
+    return result.quarantine.to_pylist()
+
+
+def test_quarantine_invalid_json(nic):
+    good = encode(nic_event(0))[0]
+    [bad] = quarantined(nic, [good, b'{"RemoteAddr": "x", "TimestampNanos": [1,'])
+    assert bad["reason"].startswith("invalid JSON")
+    assert bad["_offset"] == 100 and bad["_segment"] == 0 and bad["_routing_key"] == "k1"
+    assert bad["payload"] == b'{"RemoteAddr": "x", "TimestampNanos": [1,'
+    assert bad["schema"] == "NetworkSamples"
+
+
+def test_quarantine_wrong_types(nic):
+    cases = [
+        nic_event(0, RxBytes=[1, 2.5, 3, 4]),
+        nic_event(0, RxBytes=[1, True, 3, 4]),
+        nic_event(0, RemoteAddr=7),
+        nic_event(0, TxBytes="1,2,3,4"),
+        nic_event(0, RxBytes=[1, 2, 3, 2**63]),
+        nic_event(0, RemoteAddr=None),
+    ]
+    reasons = [q["reason"] for q in quarantined(nic, encode(*cases))]
+    assert len(reasons) == len(cases)
+    assert all(r.startswith("wrong type") for r in reasons), reasons
+    assert "$.RxBytes[1]" in reasons[0]
+
+
+def test_quarantine_unequal_arrays(nic):
+    event = nic_event(0, RxBytes=[1, 2, 3])
+    [bad] = quarantined(nic, encode(event))
+    assert bad["reason"].startswith("unequal arrays")
+    assert "RxBytes has 3" in bad["reason"] and "TimestampNanos has 4" in bad["reason"]
+
+
+def test_quarantine_not_utf8(nic):
+    payload = encode(nic_event(0))[0].replace(b'"ens33"', b'"ens\xff33"')
+    [bad] = quarantined(nic, [payload])
+    assert bad["reason"].startswith("not UTF-8")
+    assert bad["payload"] == payload
+
+
+def test_quarantine_not_utf8_even_in_an_ignored_field(nic):
+    payload = encode(nic_event(0, Note="x"))[0].replace(b'"x"', b'"\xc3\x28"')
+    [bad] = quarantined(nic, [payload])
+    assert bad["reason"].startswith("not UTF-8")
+
+
+def test_quarantine_missing_required_field(nic):
+    event = nic_event(0)
+    del event["Interface"]
+    [bad] = quarantined(nic, encode(event))
+    assert bad["reason"].startswith("missing required field")
+    assert "Interface" in bad["reason"]
+
+
+def test_quarantine_keeps_good_events_around_bad_ones(nic):
+    payloads = [*encode(nic_event(0)), b"[]", b"null", *encode(nic_event(1))]
+    result = flatten(nic, events_of(payloads))
+    assert result.rows.num_rows == 8
+    assert sorted(set(result.rows.column("_offset").to_pylist())) == [0, 300]
+    assert result.quarantine.column("_offset").to_pylist() == [100, 200]
+
+
+# --- schema evolution, nested records, optional fields -----------------------------------------
+
+V1 = {
+    "type": "record",
+    "name": "Vibration",
+    "namespace": "test",
+    "fields": [
+        {"name": "Sensor", "type": "string"},
+        {"name": "TimestampNanos", "type": {"type": "array", "items": "long"}},
+        {"name": "Level", "type": {"type": "array", "items": "double"}},
+    ],
+}
+V2 = {
+    **V1,
+    "fields": [
+        *V1["fields"],
+        {"name": "Gain", "type": "double", "default": 1.5},
+        {"name": "Unit", "type": ["null", "string"], "default": None},
+        {"name": "Site", "type": "string", "default": "unknown"},
+    ],
+}
+
+
+def plan_of(schema: dict) -> FlattenPlan:
+    return FlattenPlan(parse_schema_text(json.dumps(schema), "test"))
+
+
+def test_schema_evolution_old_events_take_the_new_fields_defaults():
+    old = {"Sensor": "s1", "TimestampNanos": [1, 2], "Level": [0.5, 0.25]}
+    new = {**old, "Gain": 2.0, "Unit": "mm/s", "Site": "plant"}
+    result = flatten(plan_of(V2), events_of(encode(old, new)))
+    rows = result.rows.select(["Sensor", "Level", "Gain", "Unit", "Site"]).to_pylist()
+    assert rows == [
+        {"Sensor": "s1", "Level": 0.5, "Gain": 1.5, "Unit": None, "Site": "unknown"},
+        {"Sensor": "s1", "Level": 0.25, "Gain": 1.5, "Unit": None, "Site": "unknown"},
+        {"Sensor": "s1", "Level": 0.5, "Gain": 2.0, "Unit": "mm/s", "Site": "plant"},
+        {"Sensor": "s1", "Level": 0.25, "Gain": 2.0, "Unit": "mm/s", "Site": "plant"},
+    ]
+
+
+def test_schema_evolution_new_events_read_with_the_old_schema_drop_new_fields():
+    new = {"Sensor": "s1", "TimestampNanos": [1], "Level": [0.5], "Gain": 2.0, "Site": "x"}
+    result = flatten(plan_of(V1), events_of(encode(new)))
+    assert result.rows.column_names == ["Sensor", "TimestampNanos", "Level", *LINEAGE_NAMES]
+    assert result.rows.num_rows == 1
+
+
+LINEAGE_NAMES = ["_segment", "_offset", "_sample"]
+
+
+NESTED = {
+    "type": "record",
+    "name": "Station",
+    "fields": [
+        {"name": "Id", "type": "string"},
+        {
+            "name": "Location",
+            "type": {
+                "type": "record",
+                "name": "Location",
+                "fields": [
+                    {"name": "Lat", "type": "double"},
+                    {"name": "Lon", "type": "double"},
+                    {"name": "Alt", "type": ["null", "double"], "default": None},
+                ],
+            },
+        },
+        {"name": "Backup", "type": ["null", "Location"], "default": None},
+        {
+            "name": "Readings",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "Reading",
+                    "fields": [
+                        {"name": "t", "type": "long"},
+                        {"name": "v", "type": "float"},
+                        {"name": "ok", "type": "boolean", "default": True},
+                    ],
+                },
+            },
+        },
+        {"name": "Kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+        {"name": "Tags", "type": {"type": "map", "values": "string"}, "default": {}},
+        {"name": "Raw", "type": "bytes", "default": ""},
+    ],
+}
+
+
+def test_nested_records_flatten_into_parent_child_columns():
+    plan = plan_of(NESTED)
+    assert plan.arrow_schema.names[:-3] == [
+        "Id",
+        "Location_Lat",
+        "Location_Lon",
+        "Location_Alt",
+        "Backup_Lat",
+        "Backup_Lon",
+        "Backup_Alt",
+        "Readings_t",
+        "Readings_v",
+        "Readings_ok",
+        "Kind",
+        "Tags",
+        "Raw",
+    ]
+    event = {
+        "Id": "st-1",
+        "Location": {"Lat": 52.5, "Lon": 13.4},
+        "Readings": [{"t": 1, "v": 0.5}, {"t": 2, "v": 0.75, "ok": False}],
+        "Kind": "B",
+        "Tags": {"zone": "north"},
+        "Raw": "\u00ff\u0001",
+    }
+    rows = flatten(plan, events_of(encode(event))).rows.to_pylist()
+    assert [(r["Readings_t"], r["Readings_v"], r["Readings_ok"]) for r in rows] == [
+        (1, 0.5, True),
+        (2, 0.75, False),
+    ]
+    assert rows[0]["Location_Lat"] == 52.5 and rows[0]["Location_Alt"] is None
+    assert rows[0]["Backup_Lat"] is None
+    assert json.loads(rows[0]["Tags"]) == {"zone": "north"}
+    assert rows[0]["Raw"] == b"\xff\x01"
+    assert rows[1]["Kind"] == "B"
+
+
+def test_optional_fields_accept_plain_json_values_and_null():
+    plan = plan_of(NESTED)
+    base = {"Id": "a", "Location": {"Lat": 1, "Lon": 2}, "Readings": [], "Kind": "A"}
+    plain = {**base, "Backup": {"Lat": 3, "Lon": 4, "Alt": 5}, "Readings": [{"t": 1, "v": 1}]}
+    null = {**base, "Backup": None, "Readings": [{"t": 1, "v": 1}]}
+    rows = flatten(plan, events_of(encode(plain, null))).rows.to_pylist()
+    assert (rows[0]["Backup_Lat"], rows[0]["Backup_Alt"]) == (3.0, 5.0)
+    assert rows[1]["Backup_Lat"] is None
+
+
+def test_wrong_enum_symbol_is_quarantined():
+    plan = plan_of(NESTED)
+    event = {"Id": "a", "Location": {"Lat": 1, "Lon": 2}, "Readings": [], "Kind": "C"}
+    [bad] = quarantined(plan, encode(event))
+    assert bad["reason"].startswith("wrong type") and "$.Kind" in bad["reason"]
+
+
+def test_int_fields_are_range_checked():
+    schema = {
+        "type": "record",
+        "name": "Small",
+        "fields": [{"name": "Counts", "type": {"type": "array", "items": "int"}}],
+    }
+    plan = plan_of(schema)
+    result = flatten(plan, events_of(encode({"Counts": [1, 2**31 - 1]}, {"Counts": [2**31]})))
+    assert result.rows.column("Counts").to_pylist() == [1, 2**31 - 1]
+    assert result.rows.schema.field("Counts").type == pa.int32()
+    assert result.quarantine.column("reason").to_pylist()[0].startswith("wrong type")
+
+
+def test_fast_and_strict_paths_agree_on_awkward_numbers(nic):
+    """JSON numbers numpy would read differently go through the strict decoder."""
+    awkward = [
+        nic_event(0, RxBytes=[0, -0, 9223372036854775807, -9223372036854775808]),
+        nic_event(0, RxBytes=[1, 2, 3, 4], TxBytes=[1, 2, 3, 4]),
+    ]
+    spaced = (
+        b'{"RemoteAddr":"a","Interface":"b","TimestampNanos":[ 1 , 2 ],'
+        b'"RxBytes":[1,2],"TxBytes":[ 3,4 ]}'
+    )
+    exponent = (
+        b'{"RemoteAddr":"a","Interface":"b","TimestampNanos":[1e3],"RxBytes":[1],"TxBytes":[1]}'
+    )
+    leading_zero = (
+        b'{"RemoteAddr":"a","Interface":"b","TimestampNanos":[1],"RxBytes":[01],"TxBytes":[1]}'
+    )
+    payloads = [*encode(*awkward), spaced, exponent, leading_zero]
+    result = flatten(nic, events_of(payloads))
+    rx = result.rows.column("RxBytes").to_pylist()
+    assert rx[:4] == [0, 0, 9223372036854775807, -9223372036854775808]
+    assert result.rows.filter(pa.compute.equal(result.rows["_offset"], 200)).column(
+        "TxBytes"
+    ).to_pylist() == [3, 4]
+    reasons = result.quarantine.column("reason").to_pylist()
+    assert reasons[0].startswith("wrong type") and reasons[1].startswith("invalid JSON")
+
+
+def test_event_time_falls_back_to_ingest_time_without_a_time_column():
+    schema = {"type": "record", "name": "Plain", "fields": [{"name": "v", "type": "long"}]}
+    result = flatten(plan_of(schema), events_of(encode({"v": 1}, {"v": 2})))
+    assert result.time_ns.tolist() == [1_700_000_000_000_000_000, 1_700_000_000_000_000_001]
+    assert isinstance(result.time_ns, np.ndarray)
+
+
+def test_events_from_the_sluice_source_columns():
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "stream": ["s/x"],
+            "segment": pa.array([1], pa.int32()),
+            "offset": pa.array([64], pa.int64()),
+            "routing_key": ["k"],
+            "payload": pa.array([b"{}"], pa.binary()),
+            "ingest_time": pa.array([1_000_000], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    events = Events.from_arrow(batch)
+    assert (events.stream, events.segments, events.offsets) == ("s/x", [1], [64])
+    assert events.ingest_ns == [1_000_000_000]

@@ -1,0 +1,197 @@
+"""The `sluice` source: bounded reads, partitions, admission control, AvailableNow, restarts."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from pipeline.spark.errors import OptionError
+from pipeline.spark.options import SourceOptions
+from pipeline.spark.reading import admit, plan_ranges
+from pipeline.streams import StreamCut
+from tests.spark.conftest import fill
+
+pytestmark = pytest.mark.spark
+
+
+def positions(rows) -> list[tuple[int, int]]:
+    return sorted((r["segment"], r["offset"]) for r in rows)
+
+
+def test_bounded_read_returns_exactly_the_events_between_two_cuts(spark, store, store_uri, source):
+    fill(store, source, 300)
+    start = store.tail(source)
+    fill(store, source, 200, first=300)
+    end = store.tail(source)
+    fill(store, source, 100, first=500)
+
+    rows = (
+        spark.read.format("sluice")
+        .option("store", store_uri)
+        .option("stream", source)
+        .option("startingCut", start.text)
+        .option("endingCut", end.text)
+        .load()
+        .collect()
+    )
+    expected = list(store.read(source, start, end))
+    assert len(rows) == 200
+    assert positions(rows) == sorted((e.segment, e.offset) for e in expected)
+    assert sorted(r["payload"] for r in rows) == sorted(e.payload for e in expected)
+    assert {r["stream"] for r in rows} == {source}
+    by_position = {(e.segment, e.offset): e for e in expected}
+    for row in rows:
+        event = by_position[(row["segment"], row["offset"])]
+        assert (row["routing_key"], row["end_offset"]) == (event.routing_key, event.end_offset)
+
+
+def test_default_bounds_are_head_and_tail_and_reads_repeat(spark, store, store_uri, source):
+    fill(store, source, 120)
+    reader = spark.read.format("sluice").option("store", store_uri).option("stream", source)
+    first = reader.load().collect()
+    assert len(first) == 120
+    assert positions(first) == positions(reader.load().collect())
+
+
+def test_large_ranges_are_split_so_every_core_works(spark, store, store_uri, source):
+    for i in range(8):  # the embedded store splits at block (flush) boundaries
+        fill(store, source, 50, first=50 * i)
+    df = (
+        spark.read.format("sluice")
+        .option("store", store_uri)
+        .option("stream", source)
+        .option("minPartitions", "6")
+        .option("minSplitBytes", "512")
+        .load()
+    )
+    assert df.rdd.getNumPartitions() >= 6
+    rows = df.collect()
+    assert len(rows) == 400 and len(set(positions(rows))) == 400
+
+
+def test_planned_ranges_cover_the_cuts_in_order(store, store_uri, source):
+    for _ in range(8):  # several flushes: several blocks to split at
+        fill(store, source, 50)
+    opts = SourceOptions.parse(
+        {"store": store_uri, "stream": source, "minPartitions": "8", "minSplitBytes": "256"}
+    )
+    head, tail = store.head(source), store.tail(source)
+    ranges = plan_ranges(store, opts, head, tail)
+    assert len(ranges) > 2
+    keys = [(r.segment, r.start) for r in ranges]
+    assert keys == sorted(keys)
+    for segment, end in tail.positions:
+        mine = [r for r in ranges if r.segment == segment]
+        assert mine[0].start == head.offset(segment) and mine[-1].end == end
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
+
+
+def test_admission_by_events_and_bytes(store, source):
+    written = fill(store, source, 100)
+    head, tail = store.head(source), store.tail(source)
+    cut = admit(store, source, begin=head, ceiling=tail, max_events=30, max_bytes=None)
+    assert len(list(store.read(source, head, cut))) == 30
+    size = sum(len(w.payload) for w in written[:10])
+    cut = admit(store, source, begin=head, ceiling=tail, max_events=None, max_bytes=size)
+    taken = list(store.read(source, head, cut))
+    assert 0 < sum(len(e.payload) for e in taken) <= size
+    huge = admit(store, source, begin=head, ceiling=tail, max_events=None, max_bytes=1)
+    assert len(list(store.read(source, head, huge))) == 1  # always at least one event
+
+
+def stream_batches(spark, store_uri, stream, checkpoint, **options) -> list[int]:
+    reader = spark.readStream.format("sluice").option("store", store_uri).option("stream", stream)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    query = (
+        reader.load()
+        .writeStream.format("memory")
+        .queryName(f"q{abs(hash(str(checkpoint)))}")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return [int(p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
+
+
+def test_admission_control_splits_batches(spark, store, store_uri, source, tmp_path):
+    fill(store, source, 450)
+    batches = stream_batches(spark, store_uri, source, tmp_path / "ck", maxEventsPerTrigger=100)
+    assert sum(batches) == 450
+    assert len(batches) >= 5 and max(batches) <= 100
+
+
+def test_max_bytes_per_trigger_splits_batches(spark, store, store_uri, source, tmp_path):
+    written = fill(store, source, 200)
+    total = sum(len(w.payload) for w in written)
+    batches = stream_batches(
+        spark, store_uri, source, tmp_path / "ck", maxBytesPerTrigger=total // 4
+    )
+    assert sum(batches) == 200 and len(batches) >= 4
+
+
+def test_available_now_stops_at_the_tail_it_saw_and_a_restart_resumes(
+    spark, store, store_uri, source, tmp_path
+):
+    fill(store, source, 150)
+    seen: list[int] = []
+
+    def on_batch(batch, batch_id):
+        seen.append(batch.count())
+        if batch_id == 0:
+            fill(store, source, 70, first=150)  # arrives after AvailableNow fixed its end
+
+    query = (
+        spark.readStream.format("sluice")
+        .option("store", store_uri)
+        .option("stream", source)
+        .option("maxEventsPerTrigger", "50")
+        .load()
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(timeout=300)
+    assert not query.isActive
+    assert sum(seen) == 150
+
+    seen.clear()
+    query = (
+        spark.readStream.format("sluice")
+        .option("store", store_uri)
+        .option("stream", source)
+        .load()
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(timeout=300)
+    assert sum(seen) == 70  # resumed after the 150, nothing read twice
+
+
+def test_starting_at_tail_or_at_a_cut(spark, store, store_uri, source, tmp_path):
+    fill(store, source, 40)
+    middle = store.tail(source)
+    fill(store, source, 25, first=40)
+    at_cut = stream_batches(spark, store_uri, source, tmp_path / "a", startingCut=middle.text)
+    assert sum(at_cut) == 25
+    assert stream_batches(spark, store_uri, source, tmp_path / "b", startingCut="tail") == []
+
+
+def test_bad_options_are_clear_errors(store, store_uri, source):
+    with pytest.raises(OptionError, match=re.escape("option stream (missing)")):
+        SourceOptions.parse({"store": store_uri})
+    with pytest.raises(OptionError, match="positive whole number"):
+        SourceOptions.parse({"stream": source, "maxEventsPerTrigger": "-3"})
+    other = StreamCut.of("test", "other", {0: 0}).text
+    from pipeline.spark.reading import resolve_cut
+
+    with pytest.raises(OptionError, match=re.escape("not of test/source")):
+        resolve_cut(store, source, other, "startingCut")
+    with pytest.raises(OptionError, match="head / tail"):
+        resolve_cut(store, source, "yesterday", "startingCut")

@@ -69,7 +69,7 @@ def console(
     spark: SparkSession,
     spec: ConsoleSpec,
     run: RunOptions,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Print the stream's events until caught up, or follow it (`continuous`)."""
@@ -78,7 +78,7 @@ def console(
     with Checkpoint(root, identity) as checkpoint:
         events = source_frame(spark, spec.store, spec.stream, run)
         writer = (
-            events.writeStream.foreachBatch(_printer(spec, out))
+            events.writeStream.foreachBatch(_printer(spec, out or sys.stdout))
             .option("checkpointLocation", str(checkpoint.spark_dir))
             .queryName(f"console {spec.stream}")
         )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.edge import edge_asset, edge_key
+from assets.edge import edge_key
+from assets.family import EXECUTOR, family_definitions
+from assets.sensors import tail_sensor
 from pipeline.settings import SluiceSettings, load_settings
 from resources import AnalyticsResource, SparkResource, StreamStoresResource
 
@@ -26,16 +28,25 @@ def build_resources(settings: SluiceSettings) -> dict[str, dg.ConfigurableResour
 
 def build_definitions(settings: SluiceSettings) -> dg.Definitions:
     """Assets, checks, jobs, sensors and schedules for every configured stream family."""
-    assets = [edge_asset(family) for family in settings.streams]
+    families = [family_definitions(f, settings) for f in settings.streams]
     observe_job = dg.define_asset_job(
         "observe_edge_streams",
         selection=dg.AssetSelection.assets(*(edge_key(f) for f in settings.streams)),
         description="Observe every edge stream: record its tail cut as its data version.",
     )
+    jobs = [observe_job, *(job for f in families for job in f.jobs)]
+    catch_up_jobs = [job for f in families for job in f.jobs if job.name.startswith("catch_up_")]
     return dg.Definitions(
-        assets=assets,
-        jobs=[observe_job],
+        assets=[a for f in families for a in f.assets],
+        asset_checks=[c for f in families for c in f.checks],
+        jobs=jobs,
+        sensors=[
+            tail_sensor(
+                settings.streams, settings.dagster.tail_sensor_interval_seconds, catch_up_jobs
+            )
+        ],
         resources=build_resources(settings),
+        executor=EXECUTOR,
     )
 
 

@@ -18,7 +18,7 @@ from resources.stores import StreamStoresResource
 
 
 def edge_key(family: StreamFamily) -> dg.AssetKey:
-    return dg.AssetKey(["edge", family.name])
+    return dg.AssetKey([family.name, "edge_stream"])
 
 
 def edge_spec(family: StreamFamily) -> dg.AssetSpec:

@@ -45,20 +45,25 @@ def instance_config(max_concurrent_runs: int = 4) -> dict[str, Any]:
 
 
 def prepare_dagster_home(path: Path) -> Path:
-    """Create `path` with Sluice's `dagster.yaml` unless one is there (a user's edits win)."""
+    """Create `path` with Sluice's `dagster.yaml` (unless one is there: a user's edits win)
+    and its SQLite storage, so a webserver and a daemon started together do not race to
+    create the same databases."""
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
     if not config.exists():
         staging = config.with_suffix(".yaml.tmp")
         staging.write_text(yaml.safe_dump(instance_config(), sort_keys=False))
         staging.replace(config)
+    with dg.DagsterInstance.from_config(str(path)) as instance:
+        instance.get_runs(limit=1)
+        instance.get_asset_keys(limit=1)
+        instance.all_instigator_state()
     return path
 
 
 def sluice_instance(settings: SluiceSettings) -> dg.DagsterInstance:
     """The persistent instance under `$SLUICE_HOME/dagster` (created on first use)."""
-    home = prepare_dagster_home(settings.dagster_home)
-    return dg.DagsterInstance.from_config(str(home))
+    return dg.DagsterInstance.from_config(str(prepare_dagster_home(settings.dagster_home)))
 
 
 def main() -> int:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from pipeline.settings import SluiceSettings, load_settings
+from pipeline.streams import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,3 +24,50 @@ def settings(_sluice_home: Path) -> SluiceSettings:
 def instance():
     with dg.DagsterInstance.ephemeral() as inst:
         yield inst
+
+
+SECOND = 1_000_000_000
+START_NS = 1_800_000_000 * SECOND
+
+
+def network_payload(first: int, count: int, step_ns: int = SECOND // 10, host: str = "h1") -> bytes:
+    """One NetworkSamples event: `count` samples from sample number `first`, `step_ns` apart."""
+    stamps = [START_NS + (first + i) * step_ns for i in range(count)]
+    counters = [1000 * (first + i) for i in range(count)]
+    sample = {
+        "RemoteAddr": host,
+        "Interface": "eth0",
+        "TimestampNanos": stamps,
+        "RxBytes": counters,
+        "TxBytes": counters,
+    }
+    return json.dumps(sample).encode()
+
+
+def write_events(uri: str, stream: str, payloads: list[bytes], key: str = "h1") -> None:
+    """Commit `payloads` to `stream` in one transaction (as a collector does)."""
+    with open_store(uri) as store:
+        store.create_stream(stream)
+        txn = store.begin_transaction(stream)
+        for payload in payloads:
+            txn.write(payload, routing_key=key)
+        txn.flush()
+        txn.commit()
+
+
+def samples(events: int, per_event: int = 10, first_event: int = 0) -> list[bytes]:
+    return [network_payload((first_event + e) * per_event, per_event) for e in range(events)]
+
+
+def materialized(result: dg.ExecuteInProcessResult) -> dict[str, dict]:
+    """Asset key -> metadata values of every materialization in the run."""
+    found = {}
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization
+        found[mat.asset_key.to_user_string()] = {k: v.value for k, v in mat.metadata.items()}
+    return found
+
+
+def tail_text(uri: str, stream: str) -> str:
+    with open_store(uri) as store:
+        return store.tail(stream).text

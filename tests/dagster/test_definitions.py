@@ -46,4 +46,4 @@ def test_one_asset_family_per_configured_stream(settings):
     defs = build_definitions(settings)
     keys = {key.to_user_string() for key in defs.resolve_all_asset_keys()}
     for family in ("network", "generator"):
-        assert f"edge/{family}" in keys
+        assert f"{family}/edge_stream" in keys

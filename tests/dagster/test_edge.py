@@ -37,19 +37,20 @@ def test_tail_cut_is_the_data_version(settings, instance):
     net = settings.family("network")
     with open_store(net.store_uri) as store:
         tail = store.tail(net.stream)
-    obs = first["edge/network"]
+    obs = first["network/edge_stream"]
     assert obs.tags["dagster/data_version"] == tail.text
     assert obs.metadata["events"].value == 2
     assert obs.metadata["tail"].value == tail.text
 
     write_events(net.store_uri, net.stream, [b"three"])
     second = observations(observe(settings, instance))
-    assert second["edge/network"].tags["dagster/data_version"] != tail.text
-    assert second["edge/network"].metadata["events"].value == 3
-    unchanged = "edge/generator"
-    assert second[unchanged].tags["dagster/data_version"] == first[unchanged].tags[
-        "dagster/data_version"
-    ]
+    assert second["network/edge_stream"].tags["dagster/data_version"] != tail.text
+    assert second["network/edge_stream"].metadata["events"].value == 3
+    unchanged = "generator/edge_stream"
+    assert (
+        second[unchanged].tags["dagster/data_version"]
+        == first[unchanged].tags["dagster/data_version"]
+    )
 
 
 def test_a_missing_edge_stream_fails_and_says_how_to_start_it(settings, instance):

@@ -1,0 +1,116 @@
+"""Sensors: the edge tails move -> catch-up runs; new slices -> partitions and replay runs.
+
+Each sensor's decision is a plain function of (cursor, stores, instance) returning a
+`SensorResult`, so tests call it through `build_sensor_context` with real stores. Cursors
+are small versioned JSON documents (`TailCursor`, `SliceCursor`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Literal, TypedDict
+
+import dagster as dg
+
+from assets.edge import edge_key, stream_info_metadata
+from assets.family import catch_up_job_name, exclusive_tags
+from pipeline.settings import StreamFamily
+from pipeline.streams import StreamNotFound
+from resources.stores import StreamStoresResource
+
+CURSOR_VERSION = 1
+UNFINISHED = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+class TailCursor(TypedDict):
+    """The edge tail (cut text) each family's last catch-up run was requested for."""
+
+    version: Literal[1]
+    tails: dict[str, str]
+
+
+def read_tail_cursor(text: str | None) -> TailCursor:
+    if not text:
+        return TailCursor(version=CURSOR_VERSION, tails={})
+    data = json.loads(text)
+    if data.get("version") != CURSOR_VERSION:
+        msg = f"tail sensor cursor version {data.get('version')!r} is not {CURSOR_VERSION}"
+        raise dg.DagsterInvariantViolationError(msg + ": reset the sensor's cursor in the UI")
+    return TailCursor(version=CURSOR_VERSION, tails=dict(data["tails"]))
+
+
+def has_unfinished_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> bool:
+    records = instance.get_run_records(dg.RunsFilter(tags=tags, statuses=UNFINISHED), limit=1)
+    return bool(records)
+
+
+def evaluate_tails(
+    context: dg.SensorEvaluationContext,
+    stores: StreamStoresResource,
+    families: Sequence[StreamFamily],
+) -> dg.SensorResult:
+    """Observe every edge tail; request a catch-up run for each family whose tail moved.
+
+    A family that already has a catch-up run queued or running gets none (its run will catch
+    up to the tail it finds), and its cursor stays, so the next tick asks again.
+    """
+    cursor = read_tail_cursor(context.cursor)
+    observations: list[dg.AssetObservation] = []
+    requests: list[dg.RunRequest] = []
+    skipped: list[str] = []
+    for family in families:
+        try:
+            info = stores.open(family.store).info(family.stream)
+        except StreamNotFound:
+            skipped.append(f"{family.name}: {family.stream} does not exist yet")
+            continue
+        tail = info.tail.text
+        if cursor["tails"].get(family.name) == tail:
+            continue
+        observations.append(
+            dg.AssetObservation(
+                asset_key=edge_key(family),
+                metadata=stream_info_metadata(info),
+                tags={"dagster/data_version": tail},
+            )
+        )
+        job = catch_up_job_name(family)
+        tags = exclusive_tags(job, family)
+        if has_unfinished_run(context.instance, tags):
+            skipped.append(f"{family.name}: a {job} run is already queued or running")
+            continue
+        requests.append(dg.RunRequest(run_key=f"{job}:{tail}", job_name=job, tags=tags))
+        cursor["tails"][family.name] = tail
+    if skipped:
+        context.log.info("; ".join(skipped))
+    return dg.SensorResult(
+        run_requests=requests, asset_events=observations, cursor=json.dumps(cursor)
+    )
+
+
+def tail_sensor(
+    families: Sequence[StreamFamily],
+    interval_seconds: int,
+    jobs: Sequence[dg.UnresolvedAssetJobDefinition],
+) -> dg.SensorDefinition:
+    families = tuple(families)
+
+    @dg.sensor(
+        name="edge_tail_sensor",
+        minimum_interval_seconds=interval_seconds,
+        jobs=list(jobs),
+        description="Observes every edge stream's tail; when it moved, requests that family's "
+        "catch-up run (mirror, exports, slices up to the tail).",
+    )
+    def _sensor(
+        context: dg.SensorEvaluationContext, stores: StreamStoresResource
+    ) -> dg.SensorResult:
+        return evaluate_tails(context, stores, families)
+
+    return _sensor

@@ -1,0 +1,88 @@
+"""The mirror and exports as Dagster assets: catch-up runs with cut ranges, counts, lag,
+schema and paths as metadata; a run that finds the continuous service running skips."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from assets.definitions import build_definitions, build_resources
+from assets.family import family_definitions
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity
+from tests.dagster.conftest import materialized, samples, tail_text, write_events
+
+pytestmark = pytest.mark.spark
+
+STREAMING = ["network/cloud_mirror", "network/parquet_export", "network/csv_export"]
+
+
+def catch_up(settings, instance) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(settings)
+    selection = dg.AssetSelection.assets(*(dg.AssetKey.from_user_string(k) for k in STREAMING))
+    return dg.materialize(
+        [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)],
+        selection=selection,
+        instance=instance,
+        resources=build_resources(settings),
+    )
+
+
+def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark):
+    net = settings.family("network")
+    write_events(net.store_uri, net.stream, [*samples(5), b"not json"])
+    first = materialized(catch_up(settings, instance))
+    assert set(first) == set(STREAMING)
+
+    mirror = first["network/cloud_mirror"]
+    edge_tail = tail_text(net.store_uri, net.stream)
+    assert mirror["start_cut"] == "head"
+    assert mirror["end_cut"] == edge_tail
+    assert (mirror["events"], mirror["lag_bytes"]) == (6, 0)
+    assert mirror["target_stream"] == net.mirror_stream
+
+    parquet = first["network/parquet_export"]
+    cloud_tail = tail_text(net.mirror_store_uri, net.mirror_stream)
+    assert parquet["end_cut"] == cloud_tail
+    assert (parquet["events"], parquet["rows"], parquet["quarantined"]) == (6, 50, 1)
+    assert parquet["dagster/row_count"] == 50
+    assert parquet["quarantine_rate"] == pytest.approx(1 / 6)
+    columns = [c.name for c in parquet["dagster/column_schema"].columns]
+    assert columns[:5] == ["RemoteAddr", "Interface", "TimestampNanos", "RxBytes", "TxBytes"]
+    assert {"_segment", "_offset", "_sample"} <= set(columns)
+    assert parquet["output"] == str(net.export_dir / "parquet")
+    assert parquet["files"] >= 1 and parquet["bytes"] > 0
+    assert first["network/csv_export"]["output"] == str(net.export_dir / "csv")
+
+    version = instance.get_latest_data_version_record(dg.AssetKey(["network", "cloud_mirror"]))
+    assert version is not None
+
+    write_events(net.store_uri, net.stream, samples(3, first_event=5))
+    second = materialized(catch_up(settings, instance))
+    assert second["network/cloud_mirror"]["start_cut"] == edge_tail
+    assert second["network/cloud_mirror"]["end_cut"] == tail_text(net.store_uri, net.stream)
+    assert second["network/cloud_mirror"]["events"] == 3
+    assert second["network/parquet_export"]["start_cut"] == cloud_tail
+    assert second["network/parquet_export"]["dagster/row_count"] == 80
+
+
+def test_a_run_that_finds_the_service_running_says_so_and_skips(settings, instance, spark):
+    net = settings.family("network")
+    write_events(net.store_uri, net.stream, samples(2))
+    jobs = family_definitions(net, settings).jobs_spec
+    identity = JobIdentity(
+        "mirror",
+        f"{jobs.mirror.store}#{jobs.mirror.stream}",
+        f"{jobs.mirror.to_store}#{jobs.mirror.to}",
+    )
+    with Checkpoint(jobs.checkpoint("mirror"), identity):  # what `sluice run mirror` holds
+        result = catch_up(settings, instance)
+    assert result.success
+    assert "network/cloud_mirror" not in materialized(result)
+    observed = [
+        e.event_specific_data.asset_observation
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+    ]
+    skipped = {o.asset_key.to_user_string(): o.metadata["skipped"].value for o in observed}
+    assert "held by a running service" in skipped["network/cloud_mirror"]
+    assert "--continuous" in skipped["network/cloud_mirror"]

@@ -71,15 +71,32 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-@contextmanager
-def _write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+class WriteTurns:
+    """First come, first served turns at the buffer's write lock.
+
+    SQLite makes a blocked writer poll with growing sleeps, so a driver that appends back to
+    back can starve the sender for seconds. The threads of one instance share one
+    `WriteTurns` and queue here instead, in arrival order (other processes, such as
+    `sluice collect status`, only read)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
 
 
 class Buffer:
@@ -90,14 +107,17 @@ class Buffer:
         path: Path,
         capacity_events: int,
         when_full: WhenFull = "block",
+        *,
         room: threading.Condition | None = None,
         failpoints: Failpoints | None = None,
+        turns: WriteTurns | None = None,
     ) -> None:
         self.path = path
         self.capacity_events = capacity_events
         self.when_full = when_full
         self.room = room or threading.Condition()
         self.failpoints = failpoints or Failpoints()
+        self.turns = turns or WriteTurns()
         self.conn = connect(path)
         self._shed_events = 0
         self._shed_samples = 0
@@ -109,6 +129,18 @@ class Buffer:
     def close(self) -> None:
         self.flush_counters()
         self.conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE), taken in turn with the instance's others."""
+        with self.turns.turn():
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
 
     # --- appending (driver side) ----------------------------------------------------------
     def append(
@@ -157,7 +189,7 @@ class Buffer:
         blocked_since: float | None,
     ) -> bool:
         now = time.time_ns()
-        with _write(self.conn) as c:
+        with self._write() as c:
             if events and self._depth(c) + len(events) > self.capacity_events:
                 return False
             c.executemany(
@@ -219,7 +251,7 @@ class Buffer:
         if not self._shed_events or now - self._last_counter_flush < min_interval:
             return
         self._last_counter_flush = now
-        with _write(self.conn) as c:
+        with self._write() as c:
             _add_counters(c, self._take_shed())
 
     # --- driver cursors and counters ------------------------------------------------------
@@ -230,7 +262,7 @@ class Buffer:
         return None if row is None else CursorState(name, row[0], json.loads(row[1]))
 
     def add_counters(self, deltas: dict[str, int]) -> None:
-        with _write(self.conn) as c:
+        with self._write() as c:
             _add_counters(c, deltas)
 
     def counters(self) -> dict[str, int]:
@@ -238,7 +270,7 @@ class Buffer:
 
     def record_error(self, source: str, message: str) -> None:
         """Keep `message` for `sluice collect status` (the last ERRORS_KEPT are kept)."""
-        with _write(self.conn) as c:
+        with self._write() as c:
             c.execute(
                 "INSERT INTO errors (time_ns, source, message) VALUES (?, ?, ?)",
                 (time.time_ns(), source, message[:2000]),
@@ -258,11 +290,11 @@ class Buffer:
 
     def write(self, hook: TxnHook) -> None:
         """Run a driver's own SQL (its state tables) in one write transaction."""
-        with _write(self.conn) as c:
+        with self._write() as c:
             hook(c)
 
     def set_meta(self, values: dict[str, str]) -> None:
-        with _write(self.conn) as c:
+        with self._write() as c:
             c.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", values.items())
 
     def meta(self) -> dict[str, str]:
@@ -315,7 +347,7 @@ class Buffer:
 
     def record_open(self, txn_id: str, stream: str) -> None:
         """Note a begun transaction, so that a crash before it is ready aborts it later."""
-        with _write(self.conn) as c:
+        with self._write() as c:
             c.execute(
                 "INSERT INTO txns (txn_id, stream, state, recorded_ns) VALUES (?, ?, 'open', ?)",
                 (txn_id, stream, time.time_ns()),
@@ -338,7 +370,7 @@ class Buffer:
             max_ns=max(e.max_ns for e in batch),
             recorded_ns=time.time_ns(),
         )
-        with _write(self.conn) as c:
+        with self._write() as c:
             self._check_contiguous(c, first, last, len(batch))
             cur = c.execute(
                 "UPDATE txns SET state = 'ready', first_id = ?, last_id = ?, events = ?,"
@@ -380,7 +412,7 @@ class Buffer:
 
     def forget(self, record: TxnRecord, recommitted: bool = False) -> None:
         """The stream transaction is committed: drop its rows and its record together."""
-        with _write(self.conn) as c:
+        with self._write() as c:
             c.execute(
                 "DELETE FROM events WHERE id BETWEEN ? AND ?", (record.first_id, record.last_id)
             )
@@ -407,14 +439,14 @@ class Buffer:
 
     def drop_open(self, txn_id: str) -> None:
         """An `open` transaction was aborted (or never reached the store): forget it."""
-        with _write(self.conn) as c:
+        with self._write() as c:
             c.execute("DELETE FROM txns WHERE txn_id = ? AND state = 'open'", (txn_id,))
             _add_counters(c, {"txns_aborted": 1})
 
     def requeue(self, record: TxnRecord) -> None:
         """The store says this ready transaction was aborted (or its lease ran out), so none
         of its events are in the stream: put its rows back at the head of the queue."""
-        with _write(self.conn) as c:
+        with self._write() as c:
             later = c.execute(
                 "SELECT count(*) FROM txns WHERE state IN ('ready', 'doubtful') AND first_id > ?",
                 (record.first_id,),
@@ -428,7 +460,7 @@ class Buffer:
 
     def mark_doubtful(self, record: TxnRecord, note: str) -> None:
         """Keep the rows of a transaction whose fate the store cannot tell (see state.py)."""
-        with _write(self.conn) as c:
+        with self._write() as c:
             c.execute(
                 "UPDATE txns SET state = 'doubtful', note = ? WHERE txn_id = ?",
                 (note, record.txn_id),

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from collectors.buffer import Appended, Buffer, TxnHook
+from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
 from collectors.config import InstanceConfig
 from collectors.drivers import Driver
 from collectors.errors import BufferLocked
@@ -100,11 +100,17 @@ class Instance:
     def start(self) -> None:
         self._lock_fd = _lock(self.config)
         room = threading.Condition()
+        turns = WriteTurns()
         cfg = self.config
 
         def open_buffer() -> Buffer:
             buffer = Buffer(
-                cfg.buffer_file, cfg.capacity_events, cfg.when_full, room, self.failpoints
+                cfg.buffer_file,
+                cfg.capacity_events,
+                cfg.when_full,
+                room=room,
+                failpoints=self.failpoints,
+                turns=turns,
             )
             self._buffers.append(buffer)
             return buffer

@@ -26,12 +26,13 @@ from collectors.batch import columns_to_events
 from collectors.buffer import Appended
 from collectors.config import InstanceConfig
 from collectors.instance import DriverContext
-from collectors.pacing import Pacer
 from collectors.settings import SettingsReader
 from collectors.state import CursorState
 
 CURSOR = "generator"
 CURSOR_VERSION = 1
+#: When behind, this many events go into one SQLite commit (one fsync, not one per event).
+EVENTS_PER_COMMIT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,27 +68,42 @@ class GeneratorDriver:
     def run(self, ctx: DriverContext) -> None:
         cursor = ctx.cursor(CURSOR)
         next_seq = int(cursor.value["next_seq"]) if cursor else 0
+        schedule = _Schedule(self.options.samples_per_sec, next_seq)
         per_event = self.config.samples_per_event
-        period_ns = 1e9 / self.options.samples_per_sec
-        pacer = Pacer(per_event / self.options.samples_per_sec)
+        burst = per_event * EVENTS_PER_COMMIT
+        period = 1e9 / self.options.samples_per_sec
         while True:
-            count = self._count(next_seq)
-            if count <= 0:
+            if schedule.due() - next_seq > max(self.options.samples_per_sec, burst):
+                schedule.restart(next_seq + burst)  # a stall: do not owe more than one burst
+            count = self._count(next_seq, schedule.due() - next_seq)
+            if count is None:
                 ctx.log.info("generated all %d samples", self.options.max_samples)
                 return
-            if not pacer.wait(ctx.stop):
-                return
-            events = self._events(next_seq, count, period_ns)
+            if count == 0:  # not a whole event due yet
+                if not ctx.wait(schedule.seconds_until(next_seq + per_event)):
+                    return
+                continue
+            events = [
+                event
+                for first in range(next_seq, next_seq + count, per_event)
+                for event in self._events(first, min(per_event, next_seq + count - first), period)
+            ]
             state = CursorState(CURSOR, CURSOR_VERSION, {"next_seq": next_seq + count})
             if ctx.append(events, cursor=state) is Appended.STOPPED:
                 return
             next_seq += count  # stored, or shed (counted) by the buffer's policy
 
-    def _count(self, next_seq: int) -> int:
+    def _count(self, next_seq: int, due: int) -> int | None:
+        """Samples to generate now: whole events that are due, at most EVENTS_PER_COMMIT of
+        them (the last may be partial when `max_samples` ends mid-event); None when done."""
         per_event = self.config.samples_per_event
-        if self.options.max_samples is None:
-            return per_event
-        return min(per_event, self.options.max_samples - next_seq)
+        left = None if self.options.max_samples is None else self.options.max_samples - next_seq
+        if left is not None and left <= 0:
+            return None
+        whole = min(due // per_event, EVENTS_PER_COMMIT) * per_event
+        if left is not None and left <= min(due, per_event * EVENTS_PER_COMMIT):
+            return left
+        return whole
 
     def _events(self, first: int, count: int, period_ns: float) -> list:
         end_ns = time.time_ns()
@@ -99,3 +115,23 @@ class GeneratorDriver:
             "Value": [s * 37 % 1000 for s in sequence],
         }
         return columns_to_events(columns, self.constants, self.config.routing_key)
+
+
+class _Schedule:
+    """Sample k is due at `start + k / rate` on the monotonic clock. After a stall of more
+    than a second the schedule starts again from now, rather than owing a burst."""
+
+    def __init__(self, rate: float, first: int) -> None:
+        self.rate = rate
+        self.start = time.monotonic()
+        self.first = first
+
+    def due(self) -> int:
+        """How many samples should exist by now (counting from sequence 0)."""
+        return self.first + int((time.monotonic() - self.start) * self.rate)
+
+    def restart(self, due_now: int) -> None:
+        self.start, self.first = time.monotonic(), due_now
+
+    def seconds_until(self, count: int) -> float:
+        return max(0.0, self.start + (count - self.first) / self.rate - time.monotonic())

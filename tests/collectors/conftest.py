@@ -111,6 +111,16 @@ def service() -> Iterator[Callable[..., RunningService]]:
         running.thread.join(60)
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll `condition` every 50 ms until it holds; fail the test after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def read_payloads(store_dir: Path, stream: str) -> list[dict]:
     from pipeline.streams import open_store
 

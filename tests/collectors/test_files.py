@@ -16,14 +16,7 @@ from collectors.failpoints import Failpoints
 from collectors.instance import DriverContext
 from collectors.service import create_driver
 
-from .conftest import read_payloads
-
-
-def wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+from .conftest import read_payloads, wait_for
 
 
 def rows_in(store_dir) -> list[dict]:

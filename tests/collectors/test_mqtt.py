@@ -13,7 +13,7 @@ import pytest
 
 from collectors.buffer import Buffer
 
-from .conftest import REPO, read_payloads
+from .conftest import REPO, read_payloads, wait_for
 
 STREAM = "lab/mqtt"
 
@@ -41,13 +41,6 @@ def received(store_dir) -> list[tuple[str, object]]:
         for topic, payload in zip(event["Topic"], event["Payload"], strict=True)
         if topic != "sensors/warmup"
     ]
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def mqtt_table(port: int, **extra) -> dict:

@@ -12,7 +12,7 @@ import time
 
 from collectors.buffer import Buffer
 
-from .conftest import REPO, read_payloads, run_cli
+from .conftest import REPO, read_payloads, run_cli, wait_for
 
 
 def start(config_path, *extra: str) -> subprocess.Popen:
@@ -23,13 +23,6 @@ def start(config_path, *extra: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_sigterm_drains_the_buffer_and_status_tells_the_story(write_config, store_dir, tmp_path):

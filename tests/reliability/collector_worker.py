@@ -1,0 +1,30 @@
+"""One collector process for the kill-and-recover suites.
+
+    python collector_worker.py CONFIG_TOML
+
+Runs `run_service` on the configuration (instances from the file only), with the failpoints
+of `$SLUICE_COLLECTOR_FAILPOINTS`, until SIGTERM or until every driver has finished. It
+imports no more than the collector itself, so a restart costs a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from collectors.config import load_config
+from collectors.failpoints import ENV_VAR, Failpoints
+from collectors.service import run_service
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    path = Path(sys.argv[1])
+    config = load_config(path, {}, "embedded:/unused", path.parent / "home")
+    return run_service(config, Failpoints(os.environ.get(ENV_VAR)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

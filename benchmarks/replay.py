@@ -110,7 +110,9 @@ def bench_replay(samples: int, work: Path) -> None:
         created_by="bench",
     )
     record_slices(store, [record])
-    spark = spark_session(SparkSettings(master="local[2]"))
+    # The driver collects the flattened slice (10 M rows) through the JVM: give it room.
+    conf = (("spark.driver.memory", "8g"),)
+    spark = spark_session(SparkSettings(master="local[2]", conf=conf))
     plan = flatten_plan("NetworkSamples")
     model = load_model("pipeline.models.nic:throughput")
     replay(spark, store, record.slice_id, model, plan=plan, home=work / "warm")  # JVM warm-up

@@ -159,6 +159,12 @@ class Buffer:
         for event in events:
             if len(event.payload) > MAX_EVENT_SIZE:
                 raise EventTooLarge(len(event.payload), MAX_EVENT_SIZE)
+        if len(events) > self.capacity_events:
+            msg = (
+                f"{len(events)} events can never fit a buffer of {self.capacity_events}: "
+                "append at most capacity_events at a time"
+            )
+            raise ValueError(msg)
         blocked_since: float | None = None
         while True:
             if self._try_append(events, cursor, hook, blocked_since):

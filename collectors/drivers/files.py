@@ -207,9 +207,10 @@ class FilesDriver:
     def _ingest(self, ctx: DriverContext, path: Path, st: os.stat_result, start: int) -> None:
         state = FileRecord(str(path), st.st_size, st.st_mtime_ns, st.st_ino, "ingesting", start, 0)
         chunk: list[PendingEvent] = []
+        per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
         for event in self._events(path, st, start):
             chunk.append(event)
-            if len(chunk) >= EVENTS_PER_COMMIT:
+            if len(chunk) >= per_commit:
                 state = self._commit(ctx, chunk, state, done=False)
                 if state is None or not self._unchanged(ctx, path, st, state):
                     return

@@ -60,6 +60,7 @@ class GeneratorDriver:
     def __init__(self, config: InstanceConfig) -> None:
         self.config = config
         self.options: Options = config.options
+        self.events_per_commit = EVENTS_PER_COMMIT
         self.constants = {
             "Sensor": self.options.sensor or config.name,
             "RemoteAddr": config.routing_key or "",
@@ -70,7 +71,8 @@ class GeneratorDriver:
         next_seq = int(cursor.value["next_seq"]) if cursor else 0
         schedule = _Schedule(self.options.samples_per_sec, next_seq)
         per_event = self.config.samples_per_event
-        burst = per_event * EVENTS_PER_COMMIT
+        self.events_per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
+        burst = per_event * self.events_per_commit
         period = 1e9 / self.options.samples_per_sec
         while True:
             if schedule.due() - next_seq > max(self.options.samples_per_sec, burst):
@@ -94,14 +96,14 @@ class GeneratorDriver:
             next_seq += count  # stored, or shed (counted) by the buffer's policy
 
     def _count(self, next_seq: int, due: int) -> int | None:
-        """Samples to generate now: whole events that are due, at most EVENTS_PER_COMMIT of
+        """Samples to generate now: whole events that are due, at most `events_per_commit` of
         them (the last may be partial when `max_samples` ends mid-event); None when done."""
         per_event = self.config.samples_per_event
         left = None if self.options.max_samples is None else self.options.max_samples - next_seq
         if left is not None and left <= 0:
             return None
-        whole = min(due // per_event, EVENTS_PER_COMMIT) * per_event
-        if left is not None and left <= min(due, per_event * EVENTS_PER_COMMIT):
+        whole = min(due // per_event, self.events_per_commit) * per_event
+        if left is not None and left <= min(due, per_event * self.events_per_commit):
             return left
         return whole
 

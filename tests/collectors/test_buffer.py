@@ -152,3 +152,9 @@ def test_errors_are_kept_for_status_and_trimmed(path):
     rows = buffer.conn.execute("SELECT message FROM errors ORDER BY id").fetchall()
     assert len(rows) == 50 and rows[-1][0] == "problem 59"
     assert buffer.counters()["errors"] == 60
+
+
+def test_a_batch_larger_than_the_capacity_is_refused_not_blocked_forever(path):
+    buffer = Buffer(path, capacity_events=3)
+    with pytest.raises(ValueError, match=re.escape("4 events can never fit a buffer of 3")):
+        buffer.append([ev(i) for i in range(4)])

@@ -14,6 +14,7 @@ Every streaming job (mirror, export, console, and any job added later) runs the 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -156,12 +157,21 @@ def await_query(
     return tuple(seen[k] for k in sorted(seen))
 
 
+_QUALIFIED = re.compile(r"^(?P<module>(?:[a-z_]\w*\.)+)(?P<cls>[A-Z]\w*): (?P<msg>.+)$")
+_BUILTIN = re.compile(r"^(?P<cls>\w+(?:Error|Exception)): (?P<msg>.+)$")
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    for line in text.splitlines():
-        if "SluiceError" in line or "Error:" in line:
-            return line.strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The Python error inside Spark's wrapping: a Sluice error's own message if there is one."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    qualified = [m for line in lines if (m := _QUALIFIED.match(line))]
+    ours = [m for m in qualified if m.group("module").startswith("pipeline.")]
+    if ours:
+        return ours[-1].group("msg")
+    found = qualified or [m for line in lines if (m := _BUILTIN.match(line))]
+    if found:
+        return f"{found[-1].group('cls')}: {found[-1].group('msg')}"
+    return lines[0] if lines else type(exc).__name__
 
 
 def _collect(

@@ -118,3 +118,16 @@ def test_bad_trigger_is_refused(store_dir, capsys):
     )  # fmt: skip
     assert code == 1
     assert "--trigger 'soon'" in capsys.readouterr().err
+
+
+def test_a_truncated_source_fails_the_job_with_the_stores_message(spark, edge, store_dir, tmp_path):
+    from pipeline.jobs.streaming import JobFailed
+
+    uri = f"embedded:{store_dir}"
+    fill(edge, "edge/network", 40)
+    start = edge.head("edge/network")
+    fill(edge, "edge/network", 40, first=40)
+    edge.truncate(edge.tail("edge/network"))
+    spec = MirrorSpec("edge/network", "cloud/t", uri, uri)
+    with pytest.raises(JobFailed, match="was truncated at offset"):
+        mirror(spark, spec, RunOptions(starting=start.text, checkpoint=tmp_path / "ck"))

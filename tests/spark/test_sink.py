@@ -184,3 +184,16 @@ def test_the_ledger_keeps_the_first_record_of_a_batch(tmp_path):
         record = ledger.get(3)
         assert (record.state, record.stats) == ("done", {"events": 1})
         assert [r.batch_id for r in ledger.batches()] == [3]
+
+
+def test_per_key_order_survives_a_scaled_source(spark, store, store_uri, tmp_path):
+    """Successor segments are admitted only after their sealed predecessors are read out."""
+    store.create_stream("test/scaled", segments=1)
+    fill(store, "test/scaled", 120, keys=6)
+    store.scale("test/scaled", [0], [(0.0, 0.5), (0.5, 1.0)])
+    fill(store, "test/scaled", 120, keys=6, first=120)
+    start_copy(spark, store_uri, "test/scaled", "test/copy", tmp_path / "ck", routingKey="one")
+    copied = [e.payload for e in store.read("test/copy")]
+    assert len(copied) == 240
+    sequences = per_key_sequences(copied)
+    assert all(s == sorted(s) for s in sequences.values()), sequences

@@ -1,0 +1,183 @@
+"""Export: NIC events -> flattened Parquet (zstd), Sluice beside DuckDB and Spark's JSON reader.
+
+    .venv/bin/python benchmarks/export.py [--events 10000] [--samples 1000]
+
+The same events (the NIC collector's JSON: 1000 samples per event by default, 10 million
+samples in all) are turned into one Parquet row per sample, in one run, by:
+
+1. **sluice**: the `sluice` source reads the events from an embedded stream (two segments)
+   and the `sluice-export` sink flattens them through NetworkSamples.avsc in the executors
+   (msgspec + numpy + pyarrow) and writes staged Parquet files published by rename — the
+   export job's code path, as one batch, with lineage columns and quarantine checks;
+2. **duckdb**: `read_ndjson` of the same events as an NDJSON file, `unnest` of the three
+   arrays, `COPY … (FORMAT parquet, COMPRESSION zstd)`, all cores;
+3. **spark-json**: Spark's own JSON file reader on that NDJSON file, `arrays_zip` + `explode`,
+   Spark's Parquet writer (zstd), in the same Spark session as (1).
+
+Spark runs `local[2]` (this machine has 2 cores, as DuckDB gets). The Spark session is
+started and warmed up (one small export) before timing: start-up is paid once per job, not
+per batch, and is printed separately. Each contender runs `--repeat` times; the best time
+counts. Every output is checked to hold exactly events x samples rows before figures print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+
+from pipeline.spark.session import SparkSettings, spark_session
+from pipeline.streams import open_store
+
+T0 = 1_609_363_757_807_000_000
+
+
+def nic_payload(i: int, samples: int) -> bytes:
+    t0 = T0 + i * samples * 1_000_000
+    rx0, tx0 = 719_763_680 + i * samples * 7, 4_594_274 + i * samples * 3
+    event = {
+        "TimestampNanos": [t0 + k * 1_000_000 for k in range(samples)],
+        "RxBytes": [rx0 + k * 7 for k in range(samples)],
+        "TxBytes": [tx0 + k * 3 for k in range(samples)],
+        "RemoteAddr": "ubuntu",
+        "Interface": f"ens{33 + i % 2}",
+        "LastTimestampFormatted": "2020-12-30T21:29:17.809Z",
+    }
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def prepare(root: Path, events: int, samples: int) -> tuple[str, Path, int]:
+    """The events in an embedded stream (one transaction per 100 events) and an NDJSON file."""
+    uri = f"embedded:{root / 'streams'}"
+    ndjson = root / "events.ndjson"
+    size = 0
+    with open_store(uri) as store, ndjson.open("wb") as out:
+        store.create_stream("bench/network", segments=2)
+        for start in range(0, events, 100):
+            txn = store.begin_transaction("bench/network")
+            for i in range(start, min(events, start + 100)):
+                payload = nic_payload(i, samples)
+                txn.write(payload, f"ens{33 + i % 2}")
+                out.write(payload + b"\n")
+                size += len(payload)
+            txn.commit()
+    return uri, ndjson, size
+
+
+def best(label: str, repeat: int, run: Callable[[int], int], expected: int) -> float:
+    times = []
+    for attempt in range(repeat):
+        started = time.perf_counter()
+        rows = run(attempt)
+        times.append(time.perf_counter() - started)
+        if rows != expected:
+            msg = f"{label} wrote {rows} rows, expected {expected}"
+            raise SystemExit(msg)
+    return min(times)
+
+
+def parquet_rows(pattern: str) -> int:
+    query = f"SELECT count(*) FROM read_parquet('{pattern}')"
+    return duckdb.connect().execute(query).fetchall()[0][0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="sluice-bench-export-"))
+    total = args.events * args.samples
+
+    print(f"preparing {args.events} events x {args.samples} samples = {total:,} samples ...")
+    uri, ndjson, size = prepare(root, args.events, args.samples)
+    print(f"  {size / 1e6:.0f} MB of JSON, in {root}")
+
+    started = time.perf_counter()
+    spark = spark_session(SparkSettings(master="local[2]", app_name="bench-export"))
+    startup = time.perf_counter() - started
+
+    def sluice(attempt: int) -> int:
+        out = root / f"sluice-{attempt}"
+        (
+            spark.read.format("sluice")
+            .option("store", uri)
+            .option("stream", "bench/network")
+            .option("minPartitions", "2")
+            .load()
+            .write.format("sluice-export")
+            .mode("append")
+            .option("schema", "NetworkSamples")
+            .option("output", str(out))
+            .option("formats", "parquet")
+            .option("maxRowsPerFile", "5000000")
+            .save()
+        )
+        rows = parquet_rows(f"{out}/parquet/*/*/*.parquet")
+        shutil.rmtree(out)
+        return rows
+
+    def duck(attempt: int) -> int:
+        out = root / f"duckdb-{attempt}.parquet"
+        columns = (
+            "{RemoteAddr:'VARCHAR', Interface:'VARCHAR', TimestampNanos:'BIGINT[]', "
+            "RxBytes:'BIGINT[]', TxBytes:'BIGINT[]'}"
+        )
+        duckdb.connect().execute(
+            "COPY (SELECT RemoteAddr, Interface, unnest(TimestampNanos) AS TimestampNanos, "
+            "unnest(RxBytes) AS RxBytes, unnest(TxBytes) AS TxBytes "
+            f"FROM read_ndjson('{ndjson}', columns={columns})) "
+            f"TO '{out}' (FORMAT parquet, COMPRESSION zstd)"
+        )
+        rows = parquet_rows(str(out))
+        out.unlink()
+        return rows
+
+    def spark_json(attempt: int) -> int:
+        from pyspark.sql import functions as F
+
+        out = root / f"spark-json-{attempt}"
+        schema = (
+            "RemoteAddr string, Interface string, TimestampNanos array<bigint>, "
+            "RxBytes array<bigint>, TxBytes array<bigint>"
+        )
+        zipped = F.explode(F.arrays_zip("TimestampNanos", "RxBytes", "TxBytes")).alias("s")
+        (
+            spark.read.schema(schema)
+            .json(str(ndjson))
+            .select("RemoteAddr", "Interface", zipped)
+            .select("RemoteAddr", "Interface", "s.TimestampNanos", "s.RxBytes", "s.TxBytes")
+            .write.option("compression", "zstd")
+            .parquet(str(out))
+        )
+        rows = parquet_rows(f"{out}/*.parquet")
+        shutil.rmtree(out)
+        return rows
+
+    warm_uri, _, _ = prepare(root / "warm", 40, args.samples)
+    uri, warm_uri = warm_uri, uri
+    sluice(99)  # warm-up: Python workers started, JIT warmed, schema plan cached
+    uri = warm_uri
+
+    results = {}
+    for label, run in (("sluice", sluice), ("duckdb", duck), ("spark-json", spark_json)):
+        seconds = best(label, args.repeat, run, total)
+        results[label] = total / seconds
+        print(f"  {label:<11} {seconds:7.2f} s  {results[label] / 1e6:6.2f} M samples/s")
+    print(f"spark session start-up (once per job): {startup:.1f} s")
+    print(f"sluice / duckdb     = {results['sluice'] / results['duckdb']:.2f}x")
+    print(f"sluice / spark-json = {results['sluice'] / results['spark-json']:.2f}x")
+    if args.workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

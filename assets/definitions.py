@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.analytics import analytics_asset
 from assets.edge import edge_key
-from assets.family import EXECUTOR, family_definitions
-from assets.sensors import tail_sensor
+from assets.family import EXECUTOR, FamilyDefinitions, family_definitions
+from assets.sensors import slices_sensor, tail_sensor
+from assets.services import services_sensor
 from pipeline.settings import SluiceSettings, load_settings
 from resources import AnalyticsResource, SparkResource, StreamStoresResource
 
@@ -21,9 +23,25 @@ def build_resources(settings: SluiceSettings) -> dict[str, dg.ConfigurableResour
         "stores": StreamStoresResource(uris=dict(settings.stores)),
         "spark": SparkResource(),
         "analytics": AnalyticsResource(
-            database=str(settings.analytics_database), exports_dir=str(settings.exports_dir)
+            home=str(settings.home), database=str(settings.analytics_database)
         ),
     }
+
+
+def build_sensors(
+    settings: SluiceSettings, families: list[FamilyDefinitions]
+) -> list[dg.SensorDefinition]:
+    interval = settings.dagster.tail_sensor_interval_seconds
+    catch_up = [j for f in families for j in f.jobs if j.name.startswith("catch_up_")]
+    replay = [j for f in families for j in f.jobs if j.name.startswith("replay_")]
+    sensors = [
+        tail_sensor(settings.streams, interval, catch_up),
+        services_sensor([w for f in families for w in f.watched], interval),
+    ]
+    with_models = [f.family for f in families if f.family.models]
+    if with_models:
+        sensors.append(slices_sensor(with_models, interval, replay))
+    return sensors
 
 
 def build_definitions(settings: SluiceSettings) -> dg.Definitions:
@@ -34,17 +52,18 @@ def build_definitions(settings: SluiceSettings) -> dg.Definitions:
         selection=dg.AssetSelection.assets(*(edge_key(f) for f in settings.streams)),
         description="Observe every edge stream: record its tail cut as its data version.",
     )
-    jobs = [observe_job, *(job for f in families for job in f.jobs)]
-    catch_up_jobs = [job for f in families for job in f.jobs if job.name.startswith("catch_up_")]
+    analytics = analytics_asset(settings, [k for f in families for k in f.published])
+    refresh_job = dg.define_asset_job(
+        "refresh_analytics",
+        selection=dg.AssetSelection.assets(analytics.key),
+        description="Refresh the DuckDB views and the rate plots.",
+    )
     return dg.Definitions(
-        assets=[a for f in families for a in f.assets],
+        assets=[*(a for f in families for a in f.assets), analytics],
         asset_checks=[c for f in families for c in f.checks],
-        jobs=jobs,
-        sensors=[
-            tail_sensor(
-                settings.streams, settings.dagster.tail_sensor_interval_seconds, catch_up_jobs
-            )
-        ],
+        jobs=[observe_job, refresh_job, *(j for f in families for j in f.jobs)],
+        sensors=build_sensors(settings, families),
+        schedules=[s for f in families for s in f.schedules],
         resources=build_resources(settings),
         executor=EXECUTOR,
     )

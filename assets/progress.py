@@ -47,6 +47,8 @@ class BatchTotals:
     quarantined: int = 0
     bytes: int = 0
     files: tuple[str, ...] = ()
+    min_event_time_ns: int | None = None
+    max_event_time_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,8 @@ def ledger_totals(root: Path, after: int, upto: int) -> BatchTotals:
         records = [r for r in ledger.batches(since=after) if r.batch_id <= upto]
     stats = [r.stats or {} for r in records if r.state == "done"]
     files = tuple(f for s in stats for f in s.get("files", ()))
+    lows = [int(s["min_event_time_ns"]) for s in stats if s.get("min_event_time_ns") is not None]
+    highs = [int(s["max_event_time_ns"]) for s in stats if s.get("max_event_time_ns") is not None]
     return BatchTotals(
         batches=len(stats),
         events=sum(int(s.get("events", 0)) for s in stats),
@@ -107,4 +111,6 @@ def ledger_totals(root: Path, after: int, upto: int) -> BatchTotals:
         quarantined=sum(int(s.get("quarantined", 0)) for s in stats),
         bytes=sum(int(s.get("bytes", 0)) for s in stats),
         files=files,
+        min_event_time_ns=min(lows) if lows else None,
+        max_event_time_ns=max(highs) if highs else None,
     )

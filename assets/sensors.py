@@ -14,7 +14,9 @@ from typing import Literal, TypedDict
 import dagster as dg
 
 from assets.edge import edge_key, stream_info_metadata
-from assets.family import catch_up_job_name, exclusive_tags
+from assets.family import catch_up_job_name, exclusive_tags, replay_job_name
+from assets.slices import slice_partitions
+from pipeline.jobs.slices import list_slices
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamNotFound
 from resources.stores import StreamStoresResource
@@ -112,5 +114,78 @@ def tail_sensor(
         context: dg.SensorEvaluationContext, stores: StreamStoresResource
     ) -> dg.SensorResult:
         return evaluate_tails(context, stores, families)
+
+    return _sensor
+
+
+# --- slices -> partitions and replays -----------------------------------------------------
+
+
+class SliceCursor(TypedDict):
+    """The slices-stream tail each family's slices were last listed at."""
+
+    version: Literal[1]
+    tails: dict[str, str]
+
+
+def read_slice_cursor(text: str | None) -> SliceCursor:
+    tails = read_tail_cursor(text)["tails"]  # the same versioned shape
+    return SliceCursor(version=CURSOR_VERSION, tails=tails)
+
+
+def evaluate_slices(
+    context: dg.SensorEvaluationContext,
+    stores: StreamStoresResource,
+    families: Sequence[StreamFamily],
+) -> dg.SensorResult:
+    """Add a partition per new slice of each family and request its replays.
+
+    New means: in the slices stream, not yet a partition of the family's replay assets. The
+    cursor (the slices stream's tail) only saves listing the stream when nothing was added.
+    """
+    cursor = read_slice_cursor(context.cursor)
+    adds: list[dg.AddDynamicPartitionsRequest] = []
+    requests: list[dg.RunRequest] = []
+    for family in families:
+        table = family.bookmark
+        store = stores.open(family.mirror_store)
+        if table is None or not store.stream_exists(table.slices_stream):
+            continue
+        tail = store.tail(table.slices_stream).text
+        if cursor["tails"].get(family.name) == tail:
+            continue
+        partitions = slice_partitions(family)
+        known = set(context.instance.get_dynamic_partitions(partitions.name))
+        ids = [r.slice_id for r in list_slices(store, family.mirror_stream, table.slices_stream)]
+        new = [i for i in ids if i not in known]
+        if new:
+            adds.append(partitions.build_add_request(new))
+            job = replay_job_name(family)
+            requests += [
+                dg.RunRequest(run_key=f"{job}:{i}", job_name=job, partition_key=i) for i in new
+            ]
+        cursor["tails"][family.name] = tail
+    return dg.SensorResult(
+        run_requests=requests, dynamic_partitions_requests=adds, cursor=json.dumps(cursor)
+    )
+
+
+def slices_sensor(
+    families: Sequence[StreamFamily],
+    interval_seconds: int,
+    jobs: Sequence[dg.UnresolvedAssetJobDefinition],
+) -> dg.SensorDefinition:
+    families = tuple(families)
+
+    @dg.sensor(
+        name="new_slices_sensor",
+        minimum_interval_seconds=interval_seconds,
+        jobs=list(jobs),
+        description="Adds a replay partition for every new slice and requests its replays.",
+    )
+    def _sensor(
+        context: dg.SensorEvaluationContext, stores: StreamStoresResource
+    ) -> dg.SensorResult:
+        return evaluate_slices(context, stores, families)
 
     return _sensor

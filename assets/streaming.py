@@ -26,7 +26,7 @@ from dagster import AssetExecutionContext
 
 from assets.cuts import cut_range_metadata
 from assets.edge import edge_key
-from assets.progress import CheckpointProgress, ledger_totals
+from assets.progress import BatchTotals, CheckpointProgress, ledger_totals
 from assets.progress import committed_progress as read_progress
 from pipeline.jobs.checkpoint import CheckpointInUse, default_checkpoint
 from pipeline.jobs.export import ExportSpec, export
@@ -115,6 +115,7 @@ class StepOutcome:
     summary: JobSummary | None
     skipped: str | None
     position: CheckpointProgress | None
+    totals: BatchTotals
 
 
 def catch_up(
@@ -133,8 +134,10 @@ def catch_up(
             f"Service command: {service}"
         )
         context.log.warning(why)
-        return StepOutcome(None, why, read_progress(checkpoint))
-    return StepOutcome(summary, None, read_progress(checkpoint))
+        return StepOutcome(None, why, read_progress(checkpoint), BatchTotals())
+    ids = [b.batch_id for b in summary.batches]
+    totals = ledger_totals(checkpoint, min(ids) - 1, max(ids)) if ids else BatchTotals()
+    return StepOutcome(summary, None, read_progress(checkpoint), totals)
 
 
 def skipped_observation(key: dg.AssetKey, outcome: StepOutcome) -> dg.AssetObservation:
@@ -153,20 +156,18 @@ def run_metadata(
     end = StreamCut.parse(summary.end_cut) if summary.end_cut else None
     if end is None and position is not None:
         end = position.end_cut
-    batch_ids = [b.batch_id for b in summary.batches]
-    totals = ledger_totals(checkpoint, min(batch_ids) - 1, max(batch_ids)) if batch_ids else None
     metadata: dict[str, Any] = {
         "events": dg.MetadataValue.int(summary.events),
         "batches": dg.MetadataValue.int(len(summary.batches)),
-        "bytes": dg.MetadataValue.int(totals.bytes if totals else 0),
+        "bytes": dg.MetadataValue.int(outcome.totals.bytes),
         "checkpoint": dg.MetadataValue.path(str(checkpoint)),
     }
     if end is not None:
         start = summary.start_cut if summary.batches else end.text
         metadata.update(cut_range_metadata(start, end))
         metadata["lag_bytes"] = dg.MetadataValue.int(end.bytes_until(source_tail))
-    if batch_ids:
-        metadata["last_batch"] = dg.MetadataValue.int(max(batch_ids))
+    if summary.batches:
+        metadata["last_batch"] = dg.MetadataValue.int(summary.batches[-1].batch_id)
     return metadata, end
 
 
@@ -248,11 +249,9 @@ def export_metadata(
     outcome: StepOutcome, checkpoint: Path, source_tail: StreamCut, output: Path, fmt: str
 ) -> dict[str, Any]:
     metadata, _ = run_metadata(outcome, checkpoint, source_tail)
-    summary = outcome.summary
+    summary, totals = outcome.summary, outcome.totals
     assert summary is not None
-    batch_ids = [b.batch_id for b in summary.batches]
-    totals = ledger_totals(checkpoint, min(batch_ids) - 1, max(batch_ids)) if batch_ids else None
-    mine = [output / f for f in (totals.files if totals else ()) if f.startswith(f"{fmt}/")]
+    mine = [output / f for f in totals.files if f.startswith(f"{fmt}/")]
     rate = summary.quarantined / summary.events if summary.events else 0.0
     metadata.update(
         {
@@ -266,6 +265,9 @@ def export_metadata(
             "dagster/column_schema": column_schema(summary.outputs.get("columns", [])),
         }
     )
+    for name in ("min_event_time_ns", "max_event_time_ns"):
+        if getattr(totals, name) is not None:
+            metadata[name] = dg.MetadataValue.int(getattr(totals, name))
     if fmt == "parquet":
         metadata["dagster/row_count"] = dg.MetadataValue.int(parquet_row_count(output / fmt))
     return metadata

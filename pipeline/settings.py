@@ -56,6 +56,17 @@ class MirrorTable(_Table, kw_only=True):
     routing_key: str | None = None
 
 
+class BookmarkTable(_Table, kw_only=True):
+    """Where the bookmark job records slices (`pipeline/jobs/bookmark.py`); any condition."""
+
+    sensor_by: str = "routing_key"
+    below: tuple[str, ...] = ()
+    above: tuple[str, ...] = ()
+    burst_mbps: float | None = None
+    predicate: tuple[str, ...] = ()
+    slices_stream: str = "sluice/slices"
+
+
 class StreamTable(_Table, kw_only=True):
     store: str = "edge"
     stream: str
@@ -63,8 +74,9 @@ class StreamTable(_Table, kw_only=True):
     segments: int = 1
     models: tuple[str, ...] = ()
     max_sample_gap_seconds: float = 5.0
+    sensor_columns: tuple[str, ...] = ("RemoteAddr",)
     mirror: MirrorTable
-    bookmark: dict[str, Any] = {}
+    bookmark: BookmarkTable | None = None
 
 
 class ExportsTable(_Table, kw_only=True):
@@ -127,13 +139,9 @@ class StreamFamily(msgspec.Struct, frozen=True, kw_only=True):
     mirror_store_uri: str
     mirror_stream: str
     mirror_routing_key: str | None
-    bookmark: dict[str, Any]
+    sensor_columns: tuple[str, ...]
+    bookmark: BookmarkTable | None
     export_dir: Path
-    checkpoint_dir: Path
-
-    def checkpoint(self, job: str) -> Path:
-        """The checkpoint directory of `job` (mirror, export, bookmark, ...) for this family."""
-        return self.checkpoint_dir / job
 
 
 class SluiceSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -234,7 +242,6 @@ def _resolve(table: SluiceToml, raw: dict, home: Path, source: Path | None) -> S
             stores=stores,
             models=table.models,
             exports_dir=exports_dir,
-            home=home,
             where=where,
         )
         for name, t in sorted(table.streams.items())
@@ -277,7 +284,6 @@ def _family(
     stores: dict[str, str],
     models: dict[str, ModelTable],
     exports_dir: Path,
-    home: Path,
     where: str,
 ) -> StreamFamily:
     for key, store in (("store", t.store), ("mirror.store", t.mirror.store)):
@@ -297,6 +303,9 @@ def _family(
             parse_stream(stream)
         except InvalidName as exc:
             raise SettingsError(where, f"streams.{name}.{key} = {stream!r}: {exc}") from None
+    if t.models and t.bookmark is None:
+        problem = f"streams.{name}.models are replayed over slices: add [streams.{name}.bookmark]"
+        raise SettingsError(where, problem)
     if t.segments < 1:
         raise SettingsError(where, f"streams.{name}.segments must be at least 1")
     return StreamFamily(
@@ -312,7 +321,7 @@ def _family(
         mirror_store_uri=stores[t.mirror.store],
         mirror_stream=t.mirror.stream,
         mirror_routing_key=t.mirror.routing_key,
-        bookmark=dict(t.bookmark),
+        sensor_columns=t.sensor_columns,
+        bookmark=t.bookmark,
         export_dir=exports_dir / name,
-        checkpoint_dir=home / "checkpoints" / name,
     )

@@ -1,9 +1,9 @@
-"""DuckDB over the exports as a Dagster resource (the shape of `dagster_duckdb`'s resource).
+"""DuckDB analytics as a Dagster resource (the shape of `dagster_duckdb`'s resource).
 
-`connect()` opens the analytics database for the length of a `with` block and closes it: DuckDB
-lets one process write a database file at a time, so a connection is never held between steps
-(an analyst's `duckdb` shell can open it read-only in between). `exports_dir` is where the
-Parquet and CSV exports live, one directory per stream family.
+A thin wrapper over `pipeline.analytics`: `paths` is where the analytics database and the
+files it reads live (`AnalyticsPaths`), and `connect()` opens the database for the length of
+a `with` block. DuckDB lets one process write a database file at a time, so a connection is
+never held between steps (an analyst's `duckdb` shell can open it read-only in between).
 """
 
 from __future__ import annotations
@@ -15,32 +15,31 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
+from pipeline.analytics.catalog import AnalyticsPaths
+
 if TYPE_CHECKING:
     import duckdb
 
 
 class AnalyticsResource(dg.ConfigurableResource):
-    """The DuckDB database of analytics views and the export directory it reads."""
+    """The analytics database (`[analytics] database`) under the Sluice home."""
 
+    home: str
     database: str
-    exports_dir: str
 
     @property
-    def database_path(self) -> Path:
-        return Path(self.database)
-
-    @property
-    def exports_path(self) -> Path:
-        return Path(self.exports_dir)
+    def paths(self) -> AnalyticsPaths:
+        return AnalyticsPaths(Path(self.home), Path(self.database))
 
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection to the analytics database, closed when the block ends."""
         import duckdb
 
+        path = Path(self.database)
         if not read_only:
-            self.database_path.parent.mkdir(parents=True, exist_ok=True)
-        conn = duckdb.connect(str(self.database_path), read_only=read_only)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        conn = duckdb.connect(str(path), read_only=read_only)
         try:
             yield conn
         finally:

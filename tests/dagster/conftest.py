@@ -30,10 +30,19 @@ SECOND = 1_000_000_000
 START_NS = 1_800_000_000 * SECOND
 
 
-def network_payload(first: int, count: int, step_ns: int = SECOND // 10, host: str = "h1") -> bytes:
-    """One NetworkSamples event: `count` samples from sample number `first`, `step_ns` apart."""
+def network_payload(
+    first: int,
+    count: int,
+    *,
+    step_ns: int = SECOND // 10,
+    host: str = "h1",
+    counter0: int = 0,
+    bytes_per_sample: int = 1000,
+) -> bytes:
+    """One NetworkSamples event: `count` samples from sample number `first`, `step_ns` apart,
+    counters growing by `bytes_per_sample` from `counter0`."""
     stamps = [START_NS + (first + i) * step_ns for i in range(count)]
-    counters = [1000 * (first + i) for i in range(count)]
+    counters = [counter0 + bytes_per_sample * (i + 1) for i in range(count)]
     sample = {
         "RemoteAddr": host,
         "Interface": "eth0",
@@ -42,6 +51,18 @@ def network_payload(first: int, count: int, step_ns: int = SECOND // 10, host: s
         "TxBytes": counters,
     }
     return json.dumps(sample).encode()
+
+
+def nic_events(bytes_per_sample: list[int], per_event: int = 10) -> list[bytes]:
+    """One event per entry: 10 samples 0.1 s apart, each adding that many bytes (1000 bytes
+    per 0.1 s is 0.08 Mbit/s; 100_000 is 8 Mbit/s, a burst)."""
+    events, counter = [], 0
+    for e, step in enumerate(bytes_per_sample):
+        events.append(
+            network_payload(e * per_event, per_event, counter0=counter, bytes_per_sample=step)
+        )
+        counter += step * per_event
+    return events
 
 
 def write_events(uri: str, stream: str, payloads: list[bytes], key: str = "h1") -> None:
@@ -56,7 +77,15 @@ def write_events(uri: str, stream: str, payloads: list[bytes], key: str = "h1") 
 
 
 def samples(events: int, per_event: int = 10, first_event: int = 0) -> list[bytes]:
-    return [network_payload((first_event + e) * per_event, per_event) for e in range(events)]
+    """`events` quiet NIC events (no burst) continuing from event `first_event`."""
+    return [
+        network_payload(
+            (first_event + e) * per_event,
+            per_event,
+            counter0=(first_event + e) * per_event * 1000,
+        )
+        for e in range(events)
+    ]
 
 
 def materialized(result: dg.ExecuteInProcessResult) -> dict[str, dict]:

@@ -27,6 +27,8 @@ schema = "NetworkSamples"
 models = ["m"]
 [streams.net.mirror]
 stream = "site/network"
+[streams.net.bookmark]
+burst_mbps = 1.0
 """
 
 
@@ -35,7 +37,7 @@ def test_repository_config_resolves_under_home(settings, _sluice_home):
     assert net.store_uri == f"embedded:{_sluice_home / 'streams'}"
     assert net.mirror_store_uri == f"embedded:{_sluice_home / 'cloud'}"
     assert net.export_dir == _sluice_home / "exports" / "network"
-    assert net.checkpoint("mirror") == _sluice_home / "checkpoints" / "network" / "mirror"
+    assert net.bookmark is not None and net.bookmark.sensor_by == "RemoteAddr,Interface"
     assert {f.name for f in settings.streams} == {"network", "generator"}
     assert settings.dagster_home == _sluice_home / "dagster"
 
@@ -67,6 +69,7 @@ def test_environment_overrides(tmp_path):
         (('stream = "site/network"', 'stream = "site/network"\nstore = "moon"'), "'moon'"),
         (('stream = "examples/network"', 'stream = "../escape"'), "streams.net.stream"),
         (('function = "pkg.mod:fn"', 'function = "pkg.mod.fn"'), "is not `module:function`"),
+        (("[streams.net.bookmark]\nburst_mbps = 1.0", ""), "add [streams.net.bookmark]"),
     ],
 )
 def test_mistakes_name_the_key(tmp_path, edit, message):

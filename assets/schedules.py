@@ -1,0 +1,77 @@
+"""The nightly replay schedule: re-run the replays whose model changed since they ran.
+
+A replay asset's code version is its model's code version; each materialization records the
+version it ran with (the `dagster/code_version` tag). The schedule requests, per family, one
+run for every slice partition where some model's latest replay ran another version (or never
+ran): after a change to a model's code, its replays are stale in the UI until this runs.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.family import replay_job_name
+from assets.slices import slice_partitions
+from pipeline.settings import StreamFamily
+
+CODE_VERSION_TAG = "dagster/code_version"
+
+
+def recorded_version(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> str | None:
+    """The code version the latest materialization of `key` / `partition` ran with."""
+    found = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
+    )
+    if not found.records:
+        return None
+    materialization = found.records[0].asset_materialization
+    return materialization.tags.get(CODE_VERSION_TAG) if materialization else None
+
+
+def stale_partitions(
+    instance: dg.DagsterInstance, family: StreamFamily, versions: dict[dg.AssetKey, str]
+) -> list[str]:
+    """Slice partitions where a replay asset's recorded version is not its current one."""
+    partitions = instance.get_dynamic_partitions(slice_partitions(family).name)
+    return [
+        p
+        for p in partitions
+        if any(recorded_version(instance, key, p) != v for key, v in versions.items())
+    ]
+
+
+def evaluate_nightly(
+    context: dg.ScheduleEvaluationContext, family: StreamFamily, versions: dict[dg.AssetKey, str]
+) -> list[dg.RunRequest] | dg.SkipReason:
+    stale = stale_partitions(context.instance, family, versions)
+    if not stale:
+        return dg.SkipReason(f"every replay of {family.name} ran its model's current version")
+    # One run per slice and set of model versions, ever: a tick that finds the same work
+    # still queued or failing does not pile up duplicates.
+    target = ",".join(f"{k.to_user_string()}@{v}" for k, v in sorted(versions.items()))
+    return [
+        dg.RunRequest(
+            run_key=f"nightly:{p}:{target}", partition_key=p, job_name=replay_job_name(family)
+        )
+        for p in stale
+    ]
+
+
+def nightly_replays(
+    family: StreamFamily,
+    job: dg.UnresolvedAssetJobDefinition,
+    versions: dict[dg.AssetKey, str],
+    cron: str,
+    timezone: str,
+) -> dg.ScheduleDefinition:
+    @dg.schedule(
+        name=f"nightly_replays_{family.name}",
+        cron_schedule=cron,
+        job=job,
+        execution_timezone=timezone,
+        description=f"Replays the slices of {family.name} whose model changed.",
+    )
+    def _nightly(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
+        return evaluate_nightly(context, family, versions)
+
+    return _nightly

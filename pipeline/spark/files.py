@@ -114,7 +114,8 @@ class _TaskFiles:
         if rows.num_rows == 0:
             return
         hours = time_ns // HOUR_NS
-        distinct = np.unique(hours)
+        low, high = int(hours.min()), int(hours.max())
+        distinct = [low] if low == high else np.unique(hours).tolist()
         for hour in distinct:
             part = rows.filter(pa.array(hours == hour)) if len(distinct) > 1 else rows
             for kind in self.opts.formats:
@@ -193,7 +194,14 @@ def _latin1(value: Any) -> Any:
 
 def _writer(kind: str, path: Path, schema: pa.Schema) -> Any:
     if kind in ("parquet", "quarantine"):
-        return pq.ParquetWriter(path, schema, compression="zstd")
+        # Dictionary pages only where values repeat (strings, flags, the segment): trying
+        # them on counters and timestamps costs half the write time and then falls back.
+        repeating = [
+            f.name
+            for f in schema
+            if pa.types.is_string(f.type) or pa.types.is_boolean(f.type) or f.name == "_segment"
+        ]
+        return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=repeating)
     if kind == "csv":
         options = pacsv.WriteOptions(include_header=True, quoting_style="needed")
         return pacsv.CSVWriter(path, _csv_schema(schema), write_options=options)

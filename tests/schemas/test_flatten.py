@@ -362,3 +362,16 @@ def test_events_from_the_sluice_source_columns():
     events = Events.from_arrow(batch)
     assert (events.stream, events.segments, events.offsets) == ("s/x", [1], [64])
     assert events.ingest_ns == [1_000_000_000]
+
+
+@pytest.mark.parametrize(
+    "rx",
+    ["[1,2.5]", "[1,true]", '[1,"2"]', "[1,null]", "[1,[2]]", "[1,{}]", "[2,1E2]", "[1,-]"],
+)
+def test_anything_but_whole_numbers_in_a_long_array_is_refused(nic, rx):
+    head = '{"RemoteAddr":"a","Interface":"b","TimestampNanos":[1,2],"RxBytes":'
+    payload = f'{head}{rx},"TxBytes":[1,2]}}'.encode()
+    result = flatten(nic, events_of([payload]))
+    assert result.rows.num_rows == 0
+    [reason] = result.quarantine.column("reason").to_pylist()
+    assert reason.startswith(("wrong type", "invalid JSON")), reason

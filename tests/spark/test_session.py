@@ -1,0 +1,46 @@
+"""The session builder: settings from sluice.toml and SLUICE_SPARK_*, loopback, quiet logs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from pipeline.spark.session import LOG4J2_PROPERTIES, SparkSettings, spark_conf, spark_session
+
+
+def test_defaults_are_local_on_loopback():
+    settings = SparkSettings.from_config({}, environ={})
+    assert (settings.master, settings.driver_host, settings.ui) == ("local[*]", "127.0.0.1", False)
+    conf = spark_conf(settings)
+    assert conf["spark.driver.bindAddress"] == conf["spark.driver.host"] == "127.0.0.1"
+    assert conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.ui.showConsoleProgress"] == "false"
+    assert str(LOG4J2_PROPERTIES) in conf["spark.driver.extraJavaOptions"]
+
+
+def test_environment_overrides_the_config_file():
+    config = {"spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "3"}}}
+    environ = {"SLUICE_SPARK_MASTER": "spark://127.0.0.1:7077", "SLUICE_SPARK_UI": "true"}
+    settings = SparkSettings.from_config(config, environ=environ)
+    assert settings.master == "spark://127.0.0.1:7077" and settings.ui
+    assert spark_conf(settings)["spark.sql.shuffle.partitions"] == "3"
+    assert SparkSettings.from_config(config, environ={}).master == "local[2]"
+
+
+def test_java_options_add_to_the_quiet_log_configuration():
+    settings = SparkSettings(conf=(("spark.driver.extraJavaOptions", "-Xss4m"),))
+    options = spark_conf(settings)["spark.driver.extraJavaOptions"]
+    assert options.endswith(" -Xss4m") and "log4j2.configurationFile" in options
+
+
+@pytest.mark.spark
+def test_one_session_per_process_with_the_sources_registered(spark):
+    assert spark_session(SparkSettings(master="local[1]")) is spark  # the first settings win
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    assert spark.conf.get("spark.driver.host") == "127.0.0.1"
+    assert spark.sparkContext.master == "local[2]"
+    df = spark.read.format("sluice").option("stream", "a/b")
+    with pytest.raises(Exception, match="stream a/b does not exist"):
+        df.load().collect()

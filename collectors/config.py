@@ -163,7 +163,7 @@ def _instance(
         buffer_file=r.path("buffer_file", state_dir / f"{name}.db").absolute(),
         capacity_events=r.integer("capacity_events", 100_000, minimum=1),
         when_full=r.choice("when_full", ("block", "shed"), "block"),  # type: ignore[arg-type]
-        max_events_per_txn=r.integer("max_events_per_txn", 100, minimum=1),
+        max_events_per_txn=r.integer("max_events_per_txn", 1000, minimum=1),
         max_txn_bytes=r.integer("max_txn_bytes", 64 * 1024 * 1024, minimum=1),
         linger_ms=r.integer("linger_ms", 0, minimum=0),
         txn_lease_seconds=lease,

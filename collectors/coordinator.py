@@ -14,7 +14,8 @@ Failures"). For each batch:
 3. in ONE SQLite transaction, the batch leaves the send queue and the id is recorded as
    `ready` (a crash after this point can no longer send the batch again);
 4. commit the stream transaction with the event-time bounds of its samples;
-5. forget the id and drop the batch's rows (one SQLite transaction).
+5. forget the id and drop the batch's rows (one SQLite transaction; while more batches
+   wait, the same SQLite transaction as step 1 of the next batch).
 
 On start-up and before every batch, recorded `ready` ids are committed again: committing a
 committed transaction is a no-op, so a crash between 3 and 5 costs nothing. Batches are sent
@@ -51,6 +52,8 @@ class TransactionCoordinator:
         self.buffer = buffer
         self.config = config
         self.failpoints = failpoints
+        # Committed in the store, not yet forgotten in the buffer (see `send_batch`).
+        self._committed: TxnRecord | None = None
 
     def recover(self) -> int:
         """Resolve every recorded transaction: abort `open` ones, commit `ready` ones.
@@ -59,7 +62,10 @@ class TransactionCoordinator:
         nothing is sent while a recorded transaction is unresolved.
         """
         resolved = 0
+        known = self._committed.txn_id if self._committed else None
         for record in self.buffer.txns():
+            if record.txn_id == known:
+                continue
             if record.state == "open":
                 self._abort_recorded(record)
             elif record.state == "ready":
@@ -73,11 +79,15 @@ class TransactionCoordinator:
         """Send the oldest queued events as one stream transaction; return how many."""
         batch = self.buffer.next_batch(self.config.max_events_per_txn, self.config.max_txn_bytes)
         if not batch:
+            self.forget_committed()
             return 0
         stream = self.config.stream
         self.failpoints.hit("sender.before_begin")
         txn = self.store.begin_transaction(stream, lease_seconds=self.config.txn_lease_seconds)
-        self.buffer.record_open(txn.txn_id, stream)
+        self.buffer.record_open(txn.txn_id, stream, forget=self._committed)
+        if self._committed is not None:
+            self._committed = None
+            self.failpoints.hit("sender.after_forget")
         self.failpoints.hit("sender.after_record_open")
         self._write_and_flush(txn, batch)
         self.failpoints.hit("sender.after_flush")
@@ -138,8 +148,17 @@ class TransactionCoordinator:
         self.failpoints.hit("sender.after_stream_commit")
         if recommit:
             log.info("%s: committed recorded transaction %s", self.config.name, record.txn_id)
-        self.buffer.forget(record, recommitted=recommit)
-        self.failpoints.hit("sender.after_forget")
+            self.buffer.forget(record, recommitted=True)
+            self.failpoints.hit("sender.after_forget")
+        else:
+            self._committed = record  # forgotten with the next batch's step 1, or when idle
+
+    def forget_committed(self) -> None:
+        """Forget the last committed transaction now (the queue is empty, or we stop)."""
+        if self._committed is not None:
+            self.buffer.forget(self._committed)
+            self._committed = None
+            self.failpoints.hit("sender.after_forget")
 
     def _doubtful(self, record: TxnRecord) -> None:
         note = (

@@ -108,6 +108,13 @@ class Sender:
         return self.coordinator
 
     def _close_store(self) -> None:
+        if self.coordinator is not None:
+            try:
+                self.coordinator.forget_committed()
+            except Exception as exc:  # recovery will recommit (a no-op) and forget it
+                log.warning(
+                    "%s: could not forget a committed transaction: %s", self.config.name, exc
+                )
         store, self.store, self.coordinator = self.store, None, None
         if store is not None:
             try:

@@ -73,7 +73,7 @@ class GeneratorDriver:
         per_event = self.config.samples_per_event
         self.events_per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
         burst = per_event * self.events_per_commit
-        period = 1e9 / self.options.samples_per_sec
+        period = max(1, round(1e9 / self.options.samples_per_sec))  # whole nanoseconds
         while True:
             if schedule.due() - next_seq > max(self.options.samples_per_sec, burst):
                 schedule.restart(next_seq + burst)  # a stall: do not owe more than one burst
@@ -107,12 +107,12 @@ class GeneratorDriver:
             return left
         return whole
 
-    def _events(self, first: int, count: int, period_ns: float) -> list:
+    def _events(self, first: int, count: int, period_ns: int) -> list:
         end_ns = time.time_ns()
-        start_ns = end_ns - int((count - 1) * period_ns)
+        start_ns = end_ns - (count - 1) * period_ns
         sequence = range(first, first + count)
         columns = {
-            "TimestampNanos": [start_ns + int(i * period_ns) for i in range(count)],
+            "TimestampNanos": list(range(start_ns, end_ns + 1, period_ns)),
             "Sequence": list(sequence),
             "Value": [s * 37 % 1000 for s in sequence],
         }

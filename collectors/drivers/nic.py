@@ -1,16 +1,19 @@
 """NIC driver: Linux network interface counters at up to 1000 samples/s or more.
 
 Reads `/sys/class/net/<interface>/statistics/<name>` for each configured statistic
-(default `rx_bytes,tx_bytes`), paced against the monotonic clock (`pacing.Pacer`), and writes
-events exactly as the Pravega Sensor Collector's NetworkDriver does:
+(default `rx_bytes,tx_bytes`), paced against the monotonic clock, and writes events exactly
+as the Pravega Sensor Collector's NetworkDriver does:
 
     {"TimestampNanos":[...],"RxBytes":[...],"TxBytes":[...],"RemoteAddr":"<host>",
      "Interface":"eth0","LastTimestampFormatted":"2020-12-30T21:29:17.809Z"}
 
 Other statistics add arrays named the same way (`rx_packets` -> `RxPackets`). Timestamps
 are wall-clock nanoseconds taken right after each wake-up (the reference truncates them to
-milliseconds). A counter that cannot be read is logged and that sample is skipped; the
-reference would have stored a 0, which is a wrong value, not a missing one.
+milliseconds). Sampling runs in a small separate process (`nic_sampler.py`, standard
+library only) that streams binary records to this driver, so the collector's own work
+(JSON, SQLite, the store, the GIL) never delays a wake-up. When the counters cannot be read
+(the interface went away) that is logged and recorded, no sample is taken until they can be
+read again: the reference would have stored zeros, wrong values rather than missing ones.
 
 Delivery guarantee: **exactly-once from the buffer on**; samples of the batch being filled
 (under `samples_per_event`) live in memory and die with the process on a crash (a clean
@@ -19,22 +22,26 @@ is possible for them.
 
 Settings: `interface` (required), `statistics`, `samples_per_sec` (> 0, default 10 as in
 the reference), `sysfs_root` (default `/sys/class/net`, for containers that mount the
-host's /sys elsewhere).
+host's /sys elsewhere), `realtime_priority` (default 0 = off; 1-99 runs the sampling
+process under SCHED_FIFO so that a busy machine does not delay its wake-ups; it sleeps
+between samples, so it takes no more CPU. Needs CAP_SYS_NICE or RLIMIT_RTPRIO, which the
+systemd unit in docker/ grants; without it the sampler runs at normal priority, said once).
 """
 
 from __future__ import annotations
 
 import os
+import select
+import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch, camel_case
 from collectors.config import InstanceConfig
+from collectors.drivers.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
 from collectors.errors import DriverError
 from collectors.instance import DriverContext
-from collectors.pacing import Handoff, Pacer
 from collectors.settings import SettingsReader
 
 
@@ -44,6 +51,7 @@ class Options:
     statistics: tuple[str, ...]
     samples_per_sec: float
     sysfs_root: Path
+    realtime_priority: int
 
 
 def parse_options(r: SettingsReader) -> Options:
@@ -59,7 +67,15 @@ def parse_options(r: SettingsReader) -> Options:
         statistics=statistics,
         samples_per_sec=r.number("samples_per_sec", 10.0, positive=True),
         sysfs_root=r.path("sysfs_root", "/sys/class/net"),
+        realtime_priority=_priority(r),
     )
+
+
+def _priority(r: SettingsReader) -> int:
+    priority = r.integer("realtime_priority", 0, minimum=0)
+    if priority > 99:
+        r.fail("realtime_priority", "must be 0 (off) or a SCHED_FIFO priority from 1 to 99")
+    return priority
 
 
 def create(config: InstanceConfig) -> NicDriver:
@@ -83,12 +99,13 @@ def create(config: InstanceConfig) -> NicDriver:
 
 
 class NicDriver:
-    """Samples counters on a monotonic schedule; a helper thread buffers the batches."""
+    """Runs the sampling process and batches its records into events."""
 
     def __init__(self, config: InstanceConfig, stats_dir: Path) -> None:
         self.config = config
         self.options: Options = config.options
         self.stats_dir = stats_dir
+        self.priority = self.options.realtime_priority
         self.columns = [camel_case(name) for name in self.options.statistics]
         self.constants = {
             "RemoteAddr": config.routing_key or "",
@@ -96,70 +113,72 @@ class NicDriver:
         }
 
     def run(self, ctx: DriverContext) -> None:
-        # Other threads (JSON, the sender) hold the GIL in slices of the switch interval;
-        # keep a slice well under one sampling period so a wake-up is not held back.
-        rate = self.options.samples_per_sec
-        sys.setswitchinterval(min(sys.getswitchinterval(), max(1e-4, 0.2 / rate)))
-        handoff: Handoff[ColumnBatch] = Handoff(
-            lambda batch: ctx.append(batch.take_events(self.config.routing_key)),
-            name=f"{self.config.name}-append",
-        )
         batch = ColumnBatch(self.columns, self.constants)
+        while ctx.running:
+            error = self._sample(ctx, batch)
+            if error is None or not self._wait_for_interface(ctx, error):
+                break
+        if len(batch):
+            ctx.append(batch.take_events(self.config.routing_key))
+
+    def _sample(self, ctx: DriverContext, batch: ColumnBatch) -> str | None:
+        """Run one sampling process until stopped (None) or until it fails (the reason)."""
+        paths = [str(self.stats_dir / name) for name in self.options.statistics]
+        args = [str(self.options.samples_per_sec), str(self.priority), *paths]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "collectors.drivers.nic_sampler", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
-            fds: list[int] | None = self._open()
-            while fds is not None:
-                error = self._sample(ctx, fds, handoff, batch)
-                _close(fds)
-                fds = self._wait_for_interface(ctx, error) if error else None
-            if len(batch):
-                handoff.put(batch)
+            self._read(ctx, process, batch)
         finally:
-            handoff.close()
+            if process.poll() is None:
+                process.terminate()
+            process.wait()
+        reason = process.stderr.read().decode(errors="replace").strip()
+        if ctx.stop.is_set() or process.returncode == 0:
+            return None
+        if process.returncode == EXIT_NO_PRIORITY:
+            ctx.error("realtime", f"{reason}: sampling at normal priority instead", every=0.0)
+            self.priority = 0
+            return self._sample(ctx, batch)
+        return f"cannot read the counters of {self.options.interface}: {reason}"
 
-    def _open(self) -> list[int]:
-        fds: list[int] = []
-        try:
-            for name in self.options.statistics:
-                fds.append(os.open(self.stats_dir / name, os.O_RDONLY))
-        except OSError:
-            _close(fds)
-            raise
-        return fds
-
-    def _sample(
-        self, ctx: DriverContext, fds: list[int], handoff: Handoff[ColumnBatch], batch: ColumnBatch
-    ) -> str | None:
-        """Sample until stopped (None) or until the counters cannot be read (the error)."""
+    def _read(self, ctx: DriverContext, process: subprocess.Popen, batch: ColumnBatch) -> None:
+        fmt = record_format(len(self.options.statistics))
         per_event = self.config.samples_per_event
-        pacer = Pacer(1.0 / self.options.samples_per_sec)
-        missed = 0
-        while pacer.wait(ctx.stop):
-            now_ns = time.time_ns()
-            try:
-                values = [int(os.pread(fd, 32, 0)) for fd in fds]
-            except (OSError, ValueError) as exc:
-                return f"cannot read the counters of {self.options.interface}: {exc}"
-            batch.add(now_ns, values)
-            if len(batch) >= per_event:
-                handoff.put(batch.detach())
-            if pacer.missed != missed:
-                ctx.error("pace", f"fell behind: {pacer.missed - missed} samples not taken")
-                missed = pacer.missed
-        return None
+        fd = process.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        pending = b""
+        while True:
+            if ctx.stop.is_set() and process.poll() is None:
+                process.terminate()  # it exits; we read what it wrote, then EOF
+            if not poller.poll(250):
+                continue
+            data = os.read(fd, 1 << 16)
+            if not data:
+                return
+            whole = (len(pending) + len(data)) // fmt.size * fmt.size
+            buffer, pending = pending + data, (pending + data)[whole:]
+            for timestamp, *values in fmt.iter_unpack(buffer[:whole]):
+                if timestamp == MISSED:
+                    ctx.error("pace", f"fell behind: {values[0]} samples not taken")
+                else:
+                    batch.add(timestamp, values)
+            while len(batch) >= per_event:
+                ctx.append(batch.detach(per_event).take_events(self.config.routing_key))
 
-    def _wait_for_interface(self, ctx: DriverContext, error: str) -> list[int] | None:
-        """The interface went away: say so, and open its counters again once it is back."""
+    def _wait_for_interface(self, ctx: DriverContext, error: str) -> bool:
+        """The interface went away: say so, and go on once its counters can be read again."""
         ctx.error("read", f"{error}; no samples until it is back", every=0.0)
         while ctx.wait(1.0):
             try:
-                fds = self._open()
-            except OSError:
+                for name in self.options.statistics:
+                    int((self.stats_dir / name).read_text())
+            except (OSError, ValueError):
                 continue
             ctx.log.warning("interface %s is back: sampling again", self.options.interface)
-            return fds
-        return None
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
+            return True
+        return False

@@ -115,3 +115,67 @@ def test_a_counter_that_goes_away_is_reported_and_sampling_resumes(
         "SELECT source, message FROM errors ORDER BY id LIMIT 1"
     ).fetchone()
     assert source == "nic.read" and "cannot read the counters of wlan9" in message
+
+
+def test_realtime_priority_is_used_or_refused_once_and_sampling_goes_on(
+    make_config, service, store_dir
+):
+    config = make_config(
+        {
+            "net": {
+                "driver": "nic",
+                "stream": "examples/network",
+                "interface": "lo",
+                "samples_per_sec": 500,
+                "samples_per_event": 50,
+                "realtime_priority": 10,
+            }
+        }
+    )
+    running = service(config)
+    time.sleep(1.0)
+    running.stop()
+    assert sum(len(p["RxBytes"]) for p in read_payloads(store_dir, "examples/network")) >= 300
+    errors = (
+        Buffer(config.instances[0].buffer_file, 10)
+        .conn.execute("SELECT source, message FROM errors")
+        .fetchall()
+    )
+    assert len(errors) <= 1 and all(source == "nic.realtime" for source, _ in errors)
+
+
+def test_the_sampler_process_dies_with_the_collector(write_config, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .conftest import REPO, wait_for
+
+    root = tmp_path / "net-unique-root"
+    stats = root / "eth7" / "statistics"
+    stats.mkdir(parents=True)
+    for name in ("rx_bytes", "tx_bytes"):
+        (stats / name).write_text("1\n")
+    path = write_config(
+        {"net": {"driver": "nic", "stream": "a/b", "interface": "eth7", "sysfs_root": str(root)}}
+    )
+    collector = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "collect", "--config", str(path)], cwd=REPO
+    )
+
+    def samplers() -> list[int]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"nic_sampler" in cmdline and str(root).encode() in cmdline:
+                found.append(int(proc.name))
+        return found
+
+    wait_for(lambda: len(samplers()) == 1, timeout=30)
+    collector.send_signal(signal.SIGKILL)
+    collector.wait()
+    wait_for(lambda: samplers() == [], timeout=10)

@@ -1,0 +1,301 @@
+"""Edge collector: NIC pacing at 1 kHz, and generator throughput through buffer + 2PC.
+
+    .venv/bin/python benchmarks/collectors.py [nic|generator|all] [--seconds 60]
+                                              [--samples 5000000] [--interface eth0]
+
+1. **nic**: `sluice collect` with one NIC instance at 1000 samples/s (1000 samples per event)
+   into an embedded store, run as its own process for `--seconds` after a warm-up. Read back
+   from the stream: achieved rate, sample-interval jitter (|interval - 1 ms|, p50/p99/max),
+   the share of intervals within ±1 ms; the CPU use (user + system) of the collector and
+   its sampling process, from /proc. Beside it, in the same run and for as long: a bare
+   Python loop reading the same counters at 1 kHz with the same absolute-deadline sleep and
+   nothing else (no JSON, no buffer, no store) — the floor for sampling from Python.
+2. **generator**: a generator instance with no pacing (`samples_per_sec` = 1e9), 1000 samples
+   per event, `--samples` samples, through the SQLite buffer and the two-phase commit into an
+   embedded store, until every sample is committed; checked complete and in order. Beside it,
+   in the same run: the raw SQLite insert rate of the same payloads with the buffer's
+   settings (WAL, synchronous=FULL, 64 events per commit): the ceiling for any buffer on
+   this disk.
+
+Ratios print last. Goals (issue 3): >= 99.9% of intervals within ±1 ms and < 10% of a core
+for the NIC; >= 1,000,000 samples/s for the generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from collectors.config import load_config  # noqa: E402
+from collectors.failpoints import Failpoints  # noqa: E402
+from collectors.service import run_service  # noqa: E402
+from pipeline.streams import open_store  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+BARE_LOOP = textwrap.dedent(
+    """
+    import os, sys, time, json
+    paths, seconds, priority = sys.argv[1].split(","), float(sys.argv[2]), int(sys.argv[3])
+    if priority:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    stamps, values = [], []
+    period, start, k = 0.001, time.monotonic(), 0
+    end = start + seconds
+    while True:
+        k += 1
+        due = start + k * period
+        left = due - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        if due > end:
+            break
+        stamps.append(time.time_ns())
+        values.append([int(os.pread(fd, 32, 0)) for fd in fds])
+    print(json.dumps(stamps))
+    """
+)
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and its live children (the NIC sampler process)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = _stat(int(proc.name))
+        except OSError:
+            continue
+        if int(proc.name) == pid or int(fields[1]) == pid:  # fields[1] is the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
+
+
+def interval_stats(stamps: list[int]) -> dict:
+    intervals = [(b - a) / 1e6 for a, b in itertools.pairwise(stamps)]
+    deviation = sorted(abs(i - 1.0) for i in intervals)
+    span = (stamps[-1] - stamps[0]) / 1e9
+    return {
+        "samples": len(stamps),
+        "rate_per_s": (len(stamps) - 1) / span,
+        "jitter_p50_ms": deviation[len(deviation) // 2],
+        "jitter_p99_ms": deviation[int(len(deviation) * 0.99)],
+        "jitter_max_ms": deviation[-1],
+        "within_1ms_pct": 100.0 * sum(d <= 1.0 for d in deviation) / len(deviation),
+        "mean_interval_ms": statistics.fmean(intervals),
+    }
+
+
+def write_config(work: Path, name: str, instance: str) -> Path:
+    """A collector.toml with one instance `name` (its settings in `instance`)."""
+    path = work / f"{name}.toml"
+    head = (
+        f'[collector]\nstore = "embedded:{work / name}-streams"\n'
+        f'state_dir = "{work / name}-state"\n[instances.{name}]\n'
+    )
+    path.write_text(head + textwrap.dedent(instance))
+    return path
+
+
+def bench_nic(work: Path, interface: str, seconds: float, priority: int) -> tuple[dict, dict]:
+    store_dir = work / "net1-streams"
+    config = write_config(
+        work,
+        "net1",
+        f"""
+        driver = "nic"
+        stream = "bench/network"
+        interface = "{interface}"
+        samples_per_sec = 1000
+        samples_per_event = 1000
+        realtime_priority = {priority}
+        """,
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "collect", "--config", str(config)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(3.0)  # start-up and the first events: not measured
+    cpu0, t0_ns, wall0 = cpu_seconds(process.pid), time.time_ns(), time.monotonic()
+    time.sleep(seconds)
+    cpu1, t1_ns, wall1 = cpu_seconds(process.pid), time.time_ns(), time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    process.wait(60)
+    with open_store(f"embedded:{store_dir}") as store:
+        stamps = [
+            t
+            for event in store.read("bench/network")
+            for t in json.loads(event.payload)["TimestampNanos"]
+            if t0_ns <= t <= t1_ns
+        ]
+    collector = interval_stats(stamps) | {"cpu_pct": 100 * (cpu1 - cpu0) / (wall1 - wall0)}
+
+    stats_dir = Path("/sys/class/net") / interface / "statistics"
+    paths = ",".join(str(stats_dir / n) for n in ("rx_bytes", "tx_bytes"))
+    bare = subprocess.Popen(
+        [sys.executable, "-c", BARE_LOOP, paths, str(seconds + 1), str(priority)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)
+    cpu0, wall0 = cpu_seconds(bare.pid), time.monotonic()
+    time.sleep(seconds)
+    cpu1, wall1 = cpu_seconds(bare.pid), time.monotonic()
+    out, _ = bare.communicate(timeout=60)
+    bare_stamps = json.loads(out)[500:]
+    peer = interval_stats(bare_stamps) | {"cpu_pct": 100 * (cpu1 - cpu0) / (wall1 - wall0)}
+    return collector, peer
+
+
+def events_for(samples: int, per_event: int) -> list[bytes]:
+    """The generator's payloads for `samples` samples, as the driver makes them."""
+    from collectors.batch import columns_to_events
+
+    payloads = []
+    now = time.time_ns()
+    for first in range(0, samples, per_event):
+        seq = range(first, first + per_event)
+        columns = {
+            "TimestampNanos": [now + i for i in seq],
+            "Sequence": list(seq),
+            "Value": [s * 37 % 1000 for s in seq],
+        }
+        payloads += [e.payload for e in columns_to_events(columns, {"Sensor": "g"}, "k")]
+    return payloads
+
+
+def bench_sqlite(work: Path, samples: int, per_event: int) -> dict:
+    payloads = events_for(samples, per_event)
+    conn = sqlite3.connect(work / "raw.db", isolation_level=None)
+    conn.execute("PRAGMA page_size = 65536")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, payload BLOB)")
+    started = time.perf_counter()
+    for i in range(0, len(payloads), 64):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            "INSERT INTO events (payload) VALUES (?)", [(p,) for p in payloads[i : i + 64]]
+        )
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return {"samples": samples, "seconds": elapsed, "samples_per_s": samples / elapsed}
+
+
+def bench_generator(work: Path, samples: int, per_event: int) -> dict:
+    store_dir = work / "gen-streams"
+    config_path = write_config(
+        work,
+        "gen",
+        f"""
+        driver = "generator"
+        stream = "bench/generated"
+        samples_per_sec = 1e9
+        samples_per_event = {per_event}
+        max_samples = {samples}
+        """,
+    )
+    config = load_config(config_path, {}, "unused", work)
+    cpu0, started = time.process_time(), time.perf_counter()
+    run_service(config, Failpoints(), threading.Event(), install_signals=False)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    with open_store(f"embedded:{store_dir}") as store:
+        seen = 0
+        for event in store.read("bench/generated"):
+            sequence = json.loads(event.payload)["Sequence"]
+            assert sequence[0] == seen and sequence[-1] == seen + len(sequence) - 1
+            seen += len(sequence)
+    assert seen == samples, f"{seen} of {samples} samples in the stream"
+    return {
+        "samples": samples,
+        "seconds": elapsed,
+        "samples_per_s": samples / elapsed,
+        "cpu_seconds": cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("which", nargs="?", default="all", choices=("nic", "generator", "all"))
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--samples", type=int, default=5_000_000)
+    parser.add_argument(
+        "--realtime-priority",
+        type=int,
+        default=0,
+        help="SCHED_FIFO priority of the sampling thread (collector and bare loop alike)",
+    )
+    parser.add_argument(
+        "--interface", default="eth0" if Path("/sys/class/net/eth0").exists() else "lo"
+    )
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-collectors-"))
+    try:
+        if args.which in ("nic", "all"):
+            collector, peer = bench_nic(work, args.interface, args.seconds, args.realtime_priority)
+            print(
+                f"NIC {args.interface} at 1000 samples/s for {args.seconds:.0f} s, sampling "
+                f"thread priority: {args.realtime_priority or 'normal'} "
+                f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+            )
+            for name, row in (("sluice collect", collector), ("bare python loop", peer)):
+                print(
+                    f"  {name:17} rate {row['rate_per_s']:8.2f}/s  jitter p50 "
+                    f"{row['jitter_p50_ms']:.3f} ms  p99 {row['jitter_p99_ms']:.3f} ms  max "
+                    f"{row['jitter_max_ms']:.3f} ms  within ±1 ms {row['within_1ms_pct']:.3f}%  "
+                    f"CPU {row['cpu_pct']:.1f}% of a core"
+                )
+            print(
+                f"  ratios collector/bare: CPU {collector['cpu_pct'] / peer['cpu_pct']:.2f}x, "
+                f"p99 jitter {collector['jitter_p99_ms'] / max(peer['jitter_p99_ms'], 1e-9):.2f}x"
+            )
+        if args.which in ("generator", "all"):
+            per_event = 1000
+            raw = bench_sqlite(work, args.samples, per_event)
+            gen = bench_generator(work, args.samples, per_event)
+            print(
+                f"Generator, {args.samples:,} samples, {per_event} per event "
+                f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+            )
+            print(
+                f"  sluice collect (buffer + 2PC + store)  {gen['samples_per_s']:12,.0f} "
+                f"samples/s  ({gen['seconds']:.2f} s, {gen['cpu_seconds']:.2f} CPU s)"
+            )
+            print(
+                f"  raw SQLite insert (same payloads)      {raw['samples_per_s']:12,.0f} "
+                f"samples/s  ({raw['seconds']:.2f} s)"
+            )
+            print(
+                f"  ratio collector/raw SQLite: {gen['samples_per_s'] / raw['samples_per_s']:.2f}"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

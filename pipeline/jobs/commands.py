@@ -51,6 +51,7 @@ TRIGGER_FLAG, FORMAT_FLAG, ROWS_FLAG = "--trigger", "--format", "--max-rows-per-
 JOB_REGISTRARS = (
     "pipeline.jobs.commands:register_builtin",  # mirror, export, console
     "pipeline.jobs.bookmark:register_run",  # bookmark
+    "pipeline.jobs.join_job:register_run",  # join
 )
 
 

@@ -37,6 +37,10 @@ by a left record strictly later than its partner (by left row, then right row), 
 completed by a right record, equal-time pairs included (by right row, then left row). Rows
 of a series are numbered in time order, stable for equal times (file order).
 
+Where it runs: `join_tables` (files: `sluice join`), `StreamingJoin` (incremental; over
+two streams as `sluice run join`, `pipeline/jobs/join_job.py`), and the replay model
+`pipeline.models.join:join` (over a slice).
+
 How
 ---
 For a record at time `t` whose own series' previous group is at `p`, its partners among
@@ -49,6 +53,7 @@ no per-record Python.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +66,7 @@ import pyarrow.compute as pc
 from pipeline.errors import SluiceError
 
 Side = Literal["left", "right"]
+STATE_VERSION = 1
 
 
 class JoinInputError(SluiceError, ValueError):
@@ -330,6 +336,44 @@ class StreamingJoin:
         self._emitted_below = max(self._emitted_below, horizon)
         self._trim(horizon)
         return rows if rows.num_rows else None
+
+    def save(self, folder: Path) -> None:
+        """Persist the joiner (buffers as Arrow IPC, the rest as JSON) into `folder`."""
+        from pyarrow import feather
+
+        folder.mkdir(parents=True, exist_ok=True)
+        for side, table in self._tables.items():
+            if table is not None:
+                feather.write_feather(table, folder / f"{side}.arrow")
+        state = {
+            "version": STATE_VERSION,
+            "time_column": self.time_column,
+            "max_gap": self.max_gap,
+            "latest": self._latest,
+            "ended": self._ended,
+            "emitted_below": self._emitted_below,
+        }
+        (folder / "join.json").write_text(json.dumps(state, sort_keys=True))
+
+    @classmethod
+    def load(cls, folder: Path) -> StreamingJoin:
+        """A joiner as `save` left it."""
+        from pyarrow import feather
+
+        state = json.loads((folder / "join.json").read_text())
+        if state.get("version") != STATE_VERSION:
+            reason = f"join state version {state.get('version')!r} is not {STATE_VERSION}"
+            raise JoinInputError(str(folder), reason)
+        joiner = cls(state["time_column"], state["max_gap"])
+        joiner._latest, joiner._ended = state["latest"], state["ended"]
+        joiner._emitted_below = state["emitted_below"]
+        for side in ("left", "right"):
+            path = folder / f"{side}.arrow"
+            if path.exists():
+                table = feather.read_table(path)
+                joiner._tables[side] = table
+                joiner._times[side] = _times_of(table, joiner.time_column, f"the {side} series")
+        return joiner
 
     def _trim(self, horizon: float) -> None:
         keep_from = np.inf

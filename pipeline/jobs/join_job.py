@@ -1,0 +1,215 @@
+"""`sluice run join`: the time-series join over streams, continuously or until caught up.
+
+    sluice run join --left examples/machine#r --right examples/machine#s \\
+        --schema NetworkSamples --time-column TimestampNanos --output out/ --available-now
+
+Each side is a stream, optionally narrowed to one routing key (`STREAM#KEY`; seed 003's
+"each quantity has a dedicated message key"), flattened through an Avro schema. Both sides
+come from Spark's `sluice` streaming source (one query, cuts as offsets, admission control,
+the checkpoint); each micro-batch is fed to a `StreamingJoin` on the driver, which emits the
+pairs that became final. A side must arrive in time order across batches (one routing key
+per side keeps it so); a side that goes back in time stops the job with `SeriesOutOfOrder`.
+Pairs completing after the earlier of the two sides' latest times are not final yet: they
+stay in the joiner's state until later events arrive.
+
+Delivery: **exactly-once pairs**. Batch N writes `part-<N>.parquet` (staged, then renamed)
+and then saves the joiner's state under N in the checkpoint; a batch Spark re-runs after a
+crash starts from the state of batch N-1 and writes the same file with the same rows.
+Concatenating the parts in batch order gives exactly `join_tables` of the two sides, up to
+the pairs not yet final.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.jobs.join import JoinInputError, Side, StreamingJoin
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
+    from pipeline.schemas import FlattenPlan
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesSource:
+    """A stream, and optionally the one routing key that is the series."""
+
+    stream: str
+    routing_key: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SeriesSource:
+        stream, _, key = text.partition("#")
+        return cls(stream, key or None)
+
+    def select(self, events: pa.Table) -> pa.Table:
+        mask = pc.equal(events["stream"], self.stream)
+        if self.routing_key is not None:
+            mask = pc.and_(mask, pc.equal(events["routing_key"], self.routing_key))
+        return events.filter(mask)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinJobSpec:
+    left: SeriesSource
+    right: SeriesSource
+    schema: str
+    store: str
+    output: Path
+    time_column: str = "TimestampNanos"
+    max_gap_seconds: float | None = None
+
+
+def _gap_in_units(plan: FlattenPlan, spec: JoinJobSpec) -> float | None:
+    """`--max-gap` seconds in the time column's unit (ns for `*Nanos`, else seconds)."""
+    if spec.max_gap_seconds is None:
+        return None
+    if plan.time is not None and plan.time.name == spec.time_column:
+        return spec.max_gap_seconds * NS / plan.time.ns_per_unit
+    return spec.max_gap_seconds
+
+
+def _series_rows(plan: FlattenPlan, events: pa.Table, time_column: str) -> pa.Table:
+    """Flattened rows of one side's events, in time order (stable: stream order for ties)."""
+    from pipeline.schemas import Events, flatten
+
+    rows = flatten(plan, Events.from_arrow(events)).rows
+    order = np.argsort(rows[time_column].to_numpy(), kind="stable")
+    return rows.take(pa.array(order))
+
+
+def _state_dir(root: Path, batch_id: int) -> Path:
+    return root / f"state-{batch_id:012d}"
+
+
+def _latest_state(root: Path, before: int) -> Path | None:
+    saved = sorted(p for p in root.glob("state-*") if int(p.name[6:]) < before)
+    return saved[-1] if saved else None
+
+
+def process_batch(
+    spec: JoinJobSpec, plan: FlattenPlan, root: Path, batch_id: int, events: pa.Table
+) -> int:
+    """Feed one micro-batch to the joiner; write its final pairs; return how many."""
+    if _state_dir(root, batch_id).exists():
+        return 0  # this batch was done before a crash: its part file is already published
+    previous = _latest_state(root, batch_id)
+    gap = _gap_in_units(plan, spec)
+    joiner = StreamingJoin.load(previous) if previous else StreamingJoin(spec.time_column, gap)
+    events = events.sort_by(
+        [("stream", "ascending"), ("segment", "ascending"), ("offset", "ascending")]
+    )
+    parts = []
+    sides: tuple[tuple[Side, SeriesSource], ...] = (("left", spec.left), ("right", spec.right))
+    for side, source in sides:
+        out = joiner.push(side, _series_rows(plan, source.select(events), spec.time_column))
+        if out is not None:
+            parts.append(out)
+    rows = pa.concat_tables(parts) if parts else None
+    if rows is not None:
+        _publish(spec.output, batch_id, rows)
+    staging = root / f".state-{batch_id:012d}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    joiner.save(staging)
+    staging.replace(_state_dir(root, batch_id))
+    for old in sorted(root.glob("state-*"))[:-2]:
+        shutil.rmtree(old)
+    return rows.num_rows if rows is not None else 0
+
+
+def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
+    import pyarrow.parquet as pq
+
+    output.mkdir(parents=True, exist_ok=True)
+    final = output / f"part-{batch_id:012d}.parquet"
+    staging = output / f".part-{batch_id:012d}.parquet.tmp"
+    pq.write_table(rows, staging, compression="zstd")
+    staging.replace(final)
+
+
+def _foreach(spec: JoinJobSpec, root: Path) -> Callable[[DataFrame, int], None]:
+    from pipeline.schemas import flatten_plan
+
+    plan = flatten_plan(spec.schema)
+    if spec.time_column not in plan.arrow_schema.names:
+        reason = f"schema {spec.schema} has no column {spec.time_column!r}"
+        raise JoinInputError(spec.left.stream, reason)
+
+    def run_batch(batch: DataFrame, batch_id: int) -> None:
+        process_batch(spec, plan, root, batch_id, batch.toArrow())
+
+    return run_batch
+
+
+def join_streams(
+    spark: SparkSession,
+    spec: JoinJobSpec,
+    run: RunOptions,
+    report: Callable[[BatchReport], None] = lambda _: None,
+) -> JobSummary:
+    """Run the join job (see the module doc) until caught up or stopped."""
+    from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+    from pipeline.jobs.streaming import JobSummary, await_query, source_frame, with_trigger
+
+    sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
+        spec.right.routing_key
+    )
+    identity = JobIdentity("join", f"{spec.store}#{sources}", str(spec.output.absolute()))
+    root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
+    with Checkpoint(root, identity) as checkpoint:
+        streams = dict.fromkeys([spec.left.stream, spec.right.stream])
+        frames = [source_frame(spark, spec.store, stream, run) for stream in streams]
+        frame = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+        writer = frame.writeStream.foreachBatch(_foreach(spec, checkpoint.root / "join"))
+        writer = with_trigger(writer, run).option("checkpointLocation", str(checkpoint.spark_dir))
+        query = writer.queryName(f"join {sources}").start()
+        batches = await_query("join", query, run, report)
+        return JobSummary("join", str(checkpoint.root), batches, {"output": str(spec.output)})
+
+
+def register_run(jobs: Any, common: Any) -> None:
+    p = jobs.add_parser("join", parents=[common], help="time-series join of two streams")
+    p.add_argument("--left", required=True, metavar="SCOPE/STREAM[#KEY]")
+    p.add_argument("--right", required=True, metavar="SCOPE/STREAM[#KEY]")
+    p.add_argument("--schema", required=True, help="Avro schema of both sides")
+    p.add_argument("--time-column", default="TimestampNanos")
+    p.add_argument("--max-gap", type=float, metavar="SECONDS")
+    p.add_argument("--output", required=True, type=Path, help="directory of Parquet parts")
+    p.set_defaults(func=_run_join)
+
+
+def _run_join(args: Any) -> int:
+    from pipeline.jobs.commands import (
+        check_stream,
+        job_session,
+        print_report,
+        print_summary,
+        run_options,
+        store_uri,
+    )
+
+    store = store_uri(args)
+    spec = JoinJobSpec(
+        SeriesSource.parse(args.left),
+        SeriesSource.parse(args.right),
+        args.schema,
+        store,
+        args.output.absolute(),
+        args.time_column,
+        args.max_gap,
+    )
+    for stream in {spec.left.stream, spec.right.stream}:
+        check_stream(store, stream)
+    return print_summary(join_streams(job_session(), spec, run_options(args), report=print_report))

@@ -10,6 +10,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from collectors.buffer import Buffer
 
 from .conftest import REPO, read_payloads, run_cli, wait_for
@@ -78,28 +80,48 @@ def test_status_of_an_instance_that_never_ran(write_config):
     assert "gen (generator -> lab/gen): not running, sender never started" in result.stdout
 
 
+BLOCKER = """
+import sys
+BLOCKED = ("pyspark", "py4j", "dagster", "duckdb", "pandas", "fastavro", "matplotlib", "grpc")
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is not part of the edge install")
+
+sys.meta_path.insert(0, Block())
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pipeline/cli.py imports every area's commands; pipeline.analytics.commands imports "
+    "duckdb at import time, so `sluice collect` cannot start with the edge extra only "
+    "(reported to the lead; remove this mark once the CLI loads command modules lazily)",
+)
+def test_sluice_collect_starts_with_the_edge_extra_only():
+    script = BLOCKER + "from pipeline.cli import main\nsys.exit(main(['collect', '--help']))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr[-600:]
+
+
 def test_the_collector_imports_nothing_beyond_the_edge_extra():
     """Run the collector's modules with pyspark, dagster, duckdb and friends made unimportable,
     as on an edge box installed with the `edge` extra only."""
-    script = textwrap.dedent(
+    script = BLOCKER + textwrap.dedent(
         """
-        import importlib, sys
-        BLOCKED = ("pyspark", "py4j", "dagster", "duckdb", "pandas", "fastavro", "matplotlib")
-
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in BLOCKED:
-                    raise ImportError(f"{name} is not part of the edge install")
-
-        sys.meta_path.insert(0, Block())
+        import importlib
         for module in (
             "collectors.commands", "collectors.service", "collectors.status",
-            "collectors.drivers.nic", "collectors.drivers.accelerometer",
-            "collectors.drivers.files", "collectors.drivers.mqtt",
-            "collectors.drivers.generator", "pipeline.streams.embedded",
+            "collectors.drivers.nic", "collectors.drivers.nic_sampler",
+            "collectors.drivers.accelerometer", "collectors.drivers.files",
+            "collectors.drivers.mqtt", "collectors.drivers.generator",
+            "pipeline.streams.embedded",
         ):
             importlib.import_module(module)
-        import pyarrow.parquet, paho.mqtt.client  # the edge extra itself
+        import pyarrow.parquet, paho.mqtt.client, msgspec  # the edge extra itself
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         print("loaded:", loaded)
         """

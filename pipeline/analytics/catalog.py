@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -237,18 +237,22 @@ def _replays_view(paths: AnalyticsPaths) -> str:
 def _slices_view(paths: AnalyticsPaths) -> str:
     if paths.slices_snapshot.exists():
         return f"SELECT * FROM read_parquet({_sql_str(paths.slices_snapshot.absolute())})"
-    return _empty_view(_record_columns(SliceRecord))
+    times = {"start_time": "TIMESTAMPTZ", "end_time": "TIMESTAMPTZ"}
+    return _empty_view({**_record_columns(SliceRecord), **times})
 
 
 def snapshot_slices(paths: AnalyticsPaths, records: list[SliceRecord]) -> None:
-    """Write the slices as the Parquet file the `slices` view reads (atomic replace)."""
+    """Write the slices as the Parquet file the `slices` view reads (atomic replace), with
+    `start_time`/`end_time` as timestamps next to the nanosecond fields."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = _record_columns(SliceRecord)
     arrow_types = {"BIGINT": pa.int64(), "VARCHAR": pa.string()}
-    schema = pa.schema([(name, arrow_types[t]) for name, t in columns.items()])
-    table = pa.Table.from_pylist([r.row() for r in records], schema=schema)
+    fields_ = [(name, arrow_types[t]) for name, t in _record_columns(SliceRecord).items()]
+    table = pa.Table.from_pylist([asdict(r) for r in records], schema=pa.schema(fields_))
+    for name in ("start_time", "end_time"):
+        stamps = table[f"{name}_ns"].cast(pa.timestamp("ns", tz="UTC"))
+        table = table.append_column(name, stamps)
     paths.slices_snapshot.parent.mkdir(parents=True, exist_ok=True)
     staging = paths.slices_snapshot.with_suffix(".parquet.tmp")
     pq.write_table(table, staging)

@@ -148,6 +148,7 @@ def test_slices_lineage_and_replays_views(paths, store, tmp_path):
     assert query(paths, "SELECT slice_id, stream, sensor FROM slices")[1] == [
         (record.slice_id, "examples/network", None)
     ]
+    assert query(paths, "SELECT epoch_ns(end_time) = end_time_ns FROM slices")[1] == [(True,)]
     assert query(paths, "SELECT run_id, input_events, model_version FROM lineage")[1] == [
         ("run-1", 1, "sha256:abc")
     ]

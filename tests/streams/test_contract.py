@@ -236,6 +236,7 @@ def test_truncation(backend, stream):
     assert payloads(backend.read(stream)) == [b"new"]
     with pytest.raises(Truncated, match="truncated"):
         list(backend.read(stream, head))
+    assert list(backend.read(stream, head, head)) == [], "an empty range reads nothing"
 
 
 def test_seal_refuses_writes(backend, stream):

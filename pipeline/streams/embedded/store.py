@@ -445,14 +445,14 @@ class EmbeddedStore(StreamStore):
             raise InvalidCut(text=f"{segment}-{start}", reason=msg)
         tail = self.catch_up(row, segment)
         end = tail if end is None else end
-        head = self._segment_head(row, segment)
-        if start < head:
-            raise Truncated(row.qualified, segment, start, head)
         if end > tail:
             msg = f"offset {end} is past the tail ({tail}) of segment {segment}"
             raise InvalidCut(text=f"{segment}-{end}", reason=msg)
-        if start >= end:
+        if start >= end:  # an empty range reads nothing, even one the head has passed
             return iter(())
+        head = self._segment_head(row, segment)
+        if start < head:
+            raise Truncated(row.qualified, segment, start, head)
         return self._read_range(row, segment, start, end)
 
     def _read_range(self, row: StreamRow, segment: int, start: int, end: int) -> Iterator[Event]:

@@ -60,6 +60,9 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA page_size = 65536")
         conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
+    # Some SQLite builds zero every deleted byte (SECURE_DELETE): for sent samples that
+    # doubles the writes. FAST zeroes only what costs no extra I/O.
+    conn.execute("PRAGMA secure_delete = FAST")
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         conn.close()

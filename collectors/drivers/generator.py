@@ -19,6 +19,8 @@ them"), `max_samples` (stop after this many in total; default: run forever), `se
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass
 
@@ -32,7 +34,7 @@ from collectors.state import CursorState
 CURSOR = "generator"
 CURSOR_VERSION = 1
 #: When behind, this many events go into one SQLite commit (one fsync, not one per event).
-EVENTS_PER_COMMIT = 64
+EVENTS_PER_COMMIT = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,13 @@ class GeneratorDriver:
         }
 
     def run(self, ctx: DriverContext) -> None:
+        appender = _Appender(ctx)
+        try:
+            self._generate(ctx, appender)
+        finally:
+            appender.close()
+
+    def _generate(self, ctx: DriverContext, appender: _Appender) -> None:
         cursor = ctx.cursor(CURSOR)
         next_seq = int(cursor.value["next_seq"]) if cursor else 0
         schedule = _Schedule(self.options.samples_per_sec, next_seq)
@@ -74,7 +83,7 @@ class GeneratorDriver:
         self.events_per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
         burst = per_event * self.events_per_commit
         period = max(1, round(1e9 / self.options.samples_per_sec))  # whole nanoseconds
-        while True:
+        while appender.running:
             if schedule.due() - next_seq > max(self.options.samples_per_sec, burst):
                 schedule.restart(next_seq + burst)  # a stall: do not owe more than one burst
             count = self._count(next_seq, schedule.due() - next_seq)
@@ -90,10 +99,8 @@ class GeneratorDriver:
                 for first in range(next_seq, next_seq + count, per_event)
                 for event in self._events(first, min(per_event, next_seq + count - first), period)
             ]
-            state = CursorState(CURSOR, CURSOR_VERSION, {"next_seq": next_seq + count})
-            if ctx.append(events, cursor=state) is Appended.STOPPED:
-                return
-            next_seq += count  # stored, or shed (counted) by the buffer's policy
+            next_seq += count
+            appender.put(events, CursorState(CURSOR, CURSOR_VERSION, {"next_seq": next_seq}))
 
     def _count(self, next_seq: int, due: int) -> int | None:
         """Samples to generate now: whole events that are due, at most `events_per_commit` of
@@ -137,3 +144,38 @@ class _Schedule:
 
     def seconds_until(self, count: int) -> float:
         return max(0.0, self.start + (count - self.first) / self.rate - time.monotonic())
+
+
+class _Appender:
+    """Appends batches in order on a second thread while the next one is generated: SQLite
+    releases the GIL while it writes and fsyncs, so the two overlap. At most two batches
+    wait; a batch lost with the process is generated again from the stored cursor."""
+
+    def __init__(self, ctx: DriverContext) -> None:
+        self.ctx = ctx
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.running = True
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"{ctx.config.name}-append")
+        self.thread.start()
+
+    def put(self, events: list, cursor: CursorState) -> None:
+        self.queue.put((events, cursor))
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            if not self.running:
+                continue  # stopping: what is left is generated again after a restart
+            try:
+                if self.ctx.append(*item) is Appended.STOPPED:
+                    self.running = False
+            except BaseException as exc:  # re-raised in the generating thread
+                self.error, self.running = exc, False

@@ -140,7 +140,9 @@ class _TaskFiles:
         self.counter += 1
         ext = EXTENSIONS.get(kind, "parquet")
         path = self.directory / f"{self.counter:06d}.{ext}"
-        opened = _Open(path, _writer(kind, path, schema), kind, bucket)
+        opened = _Open(
+            path, _writer(kind, path, schema, repeating_columns(self.plan)), kind, bucket
+        )
         self.open[(kind, bucket)] = opened
         return opened
 
@@ -192,16 +194,22 @@ def _latin1(value: Any) -> Any:
     raise TypeError(msg)
 
 
-def _writer(kind: str, path: Path, schema: pa.Schema) -> Any:
-    if kind in ("parquet", "quarantine"):
-        # Dictionary pages only where values repeat (strings, flags, the segment): trying
-        # them on counters and timestamps costs half the write time and then falls back.
-        repeating = [
-            f.name
-            for f in schema
-            if pa.types.is_string(f.type) or pa.types.is_boolean(f.type) or f.name == "_segment"
-        ]
+def repeating_columns(plan: FlattenPlan) -> list[str]:
+    """Columns whose values repeat within an event: the event's scalars and its position.
+
+    Only these get Parquet dictionary pages; trying dictionaries on per-sample counters and
+    timestamps costs about half the write time and then falls back to plain pages anyway.
+    """
+    scalars = [c.name for c in plan.columns if c.kind == "scalar"]
+    return [*scalars, "_segment", "_offset"]
+
+
+def _writer(kind: str, path: Path, schema: pa.Schema, repeating: list[str]) -> Any:
+    if kind == "parquet":
         return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=repeating)
+    if kind == "quarantine":
+        names = [f.name for f in schema if f.name != "payload"]
+        return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=names)
     if kind == "csv":
         options = pacsv.WriteOptions(include_header=True, quoting_style="needed")
         return pacsv.CSVWriter(path, _csv_schema(schema), write_options=options)

@@ -18,9 +18,9 @@ import duckdb
 import pytest
 
 from pipeline.streams import open_store
-from tests.spark.killing import job_env, kill_loop, run_to_completion
+from tests.spark.killing import job_env, kill_loop, run_to_completion, without_batch_limit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KILLS = 20
 SAMPLES = 10
@@ -78,7 +78,7 @@ def test_export_driver_killed_at_random_points(tmp_path):
         with open_store(edge) as store:
             for _ in range(3):
                 with store.writer("edge/net") as writer:
-                    for _ in range(30):
+                    for _ in range(10):
                         i = counter["next"]
                         counter["next"] += 1
                         t0 = T0 + i * 10**9
@@ -101,7 +101,7 @@ def test_export_driver_killed_at_random_points(tmp_path):
     watcher.start()
     try:
         killed = kill_loop(argv, env, KILLS, more_events, seed)
-        run_to_completion(argv, env)
+        run_to_completion(without_batch_limit(argv), env)
     finally:
         watcher.stop.set()
         watcher.join()

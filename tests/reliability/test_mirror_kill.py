@@ -15,9 +15,9 @@ import os
 import pytest
 
 from pipeline.streams import open_store
-from tests.spark.killing import job_env, kill_loop, run_to_completion
+from tests.spark.killing import job_env, kill_loop, run_to_completion, without_batch_limit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KILLS = 20
 KEYS = 6
@@ -34,7 +34,7 @@ def test_mirror_driver_killed_at_random_points(tmp_path):
         with open_store(edge) as store:
             for _ in range(3):  # three flushes: blocks the source can split between tasks
                 with store.writer("edge/net") as writer:
-                    for _ in range(40):
+                    for _ in range(15):
                         i = counter["next"]
                         counter["next"] += 1
                         payload = json.dumps({"key": f"k{i % KEYS}", "seq": i, "life": life})
@@ -46,7 +46,7 @@ def test_mirror_driver_killed_at_random_points(tmp_path):
     ]  # fmt: skip
     env = job_env(tmp_path / "home")
     killed = kill_loop(argv, env, KILLS, more_events, seed)
-    run_to_completion(argv, env)
+    run_to_completion(without_batch_limit(argv), env)
 
     with open_store(edge) as source, open_store(cloud) as target:
         sent = [e.payload for e in source.read("edge/net")]

@@ -1,8 +1,11 @@
 """The `sluice` command.
 
-Each area registers its own subcommands: a module in COMMAND_MODULES has
+Each area registers its own subcommands: a module named in COMMANDS has
 `register(subparsers)`, which adds parsers whose `func(args) -> int | None` runs the command.
-Errors that Sluice raises on purpose (`SluiceError`) print as one line and exit 1.
+Only the module of the command being run is imported, so `sluice collect` starts on an edge
+box that has neither Spark nor DuckDB, and a command whose dependencies are not installed
+says which install it needs. Errors that Sluice raises on purpose (`SluiceError`) print as
+one line and exit 1.
 """
 
 from __future__ import annotations
@@ -13,16 +16,47 @@ import sys
 
 from pipeline.errors import SluiceError
 
-COMMAND_MODULES = (
-    "pipeline.streams.commands",  # sluice store ...
-    "pipeline.jobs.replay_commands",  # sluice join / slices / replay ...
-    "pipeline.analytics.commands",  # sluice sql / plot / analytics ...
-    "collectors.commands",  # sluice collect / collect status
-    "pipeline.jobs.commands",  # sluice run mirror / export / console ...
-)
+#: command -> (module that registers it, one-line help). A module may register several.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "store": ("pipeline.streams.commands", "manage streams in the stream store"),
+    "collect": ("collectors.commands", "run the edge collector (exactly-once into a stream)"),
+    "run": ("pipeline.jobs.commands", "run a streaming job (mirror, export, console, …)"),
+    "slices": ("pipeline.jobs.replay_commands", "bookmarked pieces of a stream's history"),
+    "replay": ("pipeline.jobs.replay_commands", "run a model over exactly one slice"),
+    "join": ("pipeline.jobs.replay_commands", "time-series join of two files"),
+    "sql": ("pipeline.analytics.commands", "SQL on the analytics database (DuckDB)"),
+    "plot": ("pipeline.analytics.commands", "charts from the analytics database"),
+    "analytics": ("pipeline.analytics.commands", "the DuckDB analytics database"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+class MissingInstall(SluiceError):
+    def __init__(self, command: str, missing: str) -> None:
+        self.command, self.missing = command, missing
+        msg = (
+            f"`sluice {command}` needs the platform install (uv sync --extra platform, or "
+            f"pip install 'sluice[platform]'): module {missing!r} is not installed here"
+        )
+        super().__init__(msg)
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The first argument that names a command (after global options such as --store)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--store":
+            skip = True
+        elif arg in COMMANDS:
+            return arg
+        elif not arg.startswith("-"):
+            return None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with full arguments for `command` (all commands when None)."""
     parser = argparse.ArgumentParser(
         prog="sluice",
         description="Sensor data from the edge to the cloud, with replayable history.",
@@ -34,14 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
         "else embedded:$SLUICE_HOME/streams)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    wanted = (
+        [COMMANDS[command][0]] if command else list(dict.fromkeys(m for m, _ in COMMANDS.values()))
+    )
+    for module in wanted:
+        try:
+            importlib.import_module(module).register(subparsers)
+        except ModuleNotFoundError as exc:
+            if command is not None:
+                raise MissingInstall(command, exc.name or str(exc)) from None
+    for name, (_, help_text) in COMMANDS.items():
+        if name not in subparsers.choices:
+            subparsers.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        args = build_parser(chosen_command(argv)).parse_args(argv)
         return int(args.func(args) or 0)
     except SluiceError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)

@@ -27,8 +27,6 @@ from pipeline.jobs.slices import record_slices, time_window_slice
 from pipeline.settings import load_settings
 from tests.analytics.conftest import T0
 
-COMMANDS = ("pipeline.jobs.replay_commands", "pipeline.analytics.commands")
-
 
 @pytest.fixture
 def paths() -> AnalyticsPaths:
@@ -186,7 +184,6 @@ def test_a_bad_query_is_one_clear_error(paths):
 
 
 def test_sluice_sql_prints_a_table_and_json(monkeypatch, capsys, nic_export, store_dir):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", COMMANDS)
     base = ["--store", f"embedded:{store_dir}"]
     export = ["--export", f"examples/network={nic_export}"]
     sql = (
@@ -206,7 +203,6 @@ def test_sluice_sql_prints_a_table_and_json(monkeypatch, capsys, nic_export, sto
 
 
 def test_sluice_plot_rates_writes_a_png(monkeypatch, capsys, nic_export, store_dir, tmp_path):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", COMMANDS)
     out = tmp_path / "rates.png"
     argv = [
         "--store",

@@ -93,12 +93,6 @@ sys.meta_path.insert(0, Block())
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline/cli.py imports every area's commands; pipeline.analytics.commands imports "
-    "duckdb at import time, so `sluice collect` cannot start with the edge extra only "
-    "(reported to the lead; remove this mark once the CLI loads command modules lazily)",
-)
 def test_sluice_collect_starts_with_the_edge_extra_only():
     script = BLOCKER + "from pipeline.cli import main\nsys.exit(main(['collect', '--help']))\n"
     result = subprocess.run(

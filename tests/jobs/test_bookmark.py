@@ -145,7 +145,6 @@ def test_sluice_run_bookmark_available_now(store, store_dir, monkeypatch, capsys
 
     spark_session(SparkSettings(master="local[2]"))
     nic_stream(store, PLAN)
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("pipeline.jobs.commands",))
     argv = [
         "--store",
         f"embedded:{store_dir}",

@@ -190,7 +190,6 @@ def test_streaming_buffers_stay_bounded():
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_sluice_join_command(tmp_path, monkeypatch, capsys, fmt):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("pipeline.jobs.replay_commands",))
     left = pa.table({"time": [0.0, 1.0, 2.0], "rx": [10, 11, 12]})
     right = pa.table({"time": [0.5, 1.5], "accel": [0.1, 0.2]})
     paths = []
@@ -212,7 +211,6 @@ def test_sluice_join_command(tmp_path, monkeypatch, capsys, fmt):
 
 
 def test_sluice_join_command_refuses_a_missing_file(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("pipeline.jobs.replay_commands",))
     missing = tmp_path / "nope.csv"
     assert cli.main(["join", str(missing), str(missing), "-o", str(tmp_path / "o.parquet")]) == 1
     assert f"cannot join {missing}: no such file" in capsys.readouterr().err

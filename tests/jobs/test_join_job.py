@@ -93,7 +93,6 @@ def test_sluice_run_join(store, store_dir, tmp_path, monkeypatch, capsys):
     spark_session(SparkSettings(master="local[2]"))
     two_series(store)
     out = tmp_path / "joined"
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("pipeline.jobs.commands",))
     argv = [
         "--store",
         f"embedded:{store_dir}",

@@ -152,7 +152,6 @@ def test_the_join_as_a_model(spark, store):
 @pytest.mark.usefixtures("spark")
 def test_sluice_replay_and_compare_commands(store, store_dir, network, monkeypatch, capsys):
     record, _ = network
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("pipeline.jobs.replay_commands",))
     base = ["--store", f"embedded:{store_dir}", "replay"]
     model = "pipeline.models.nic:throughput,burst_mbps=1"
     out_dir = sluice_home() / "my-replay"

@@ -23,7 +23,6 @@ from pipeline.jobs.slices import (
 from tests.jobs.test_replay_support import STREAM, T0, nic_stream
 
 SECOND = 1_000_000_000
-COMMANDS = ("pipeline.jobs.replay_commands",)
 
 
 def test_time_window_slice_holds_exactly_the_events_of_the_window(store):
@@ -90,7 +89,6 @@ def test_record_round_trips_through_json():
 def test_sluice_slices_create_and_list(store, store_dir, monkeypatch, capsys):
     nic_stream(store, {"edge1": [[1] * 3] * 3, "edge2": [[1] * 3] * 3})
     store.close()
-    monkeypatch.setattr(cli, "COMMAND_MODULES", COMMANDS)
     base = ["--store", f"embedded:{store_dir}", "slices"]
     window = ["--from", "2026-11-01T10:00:01Z", "--to", "2026-11-01T10:00:02Z"]
     assert cli.main([*base, "create", STREAM, *window, "--sensor", "edge2"]) == 0

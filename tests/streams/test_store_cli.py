@@ -73,3 +73,34 @@ def test_errors_are_one_clear_line(sluice, args, message):
     proc = sluice(*args, ok=False)
     assert message in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_edge_install_runs_store_and_collect_without_platform_packages(tmp_path):
+    """With pyspark, duckdb and dagster unimportable, `sluice store` and `sluice collect` still
+    start, and a platform command names the install it needs in one line."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    for name in ("pyspark", "duckdb", "dagster", "pandas", "matplotlib"):
+        (blocker / f"{name}.py").write_text(f"raise ModuleNotFoundError(name={name!r})\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}",
+        "SLUICE_STORE": f"embedded:{tmp_path / 's'}",
+    }
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=60,
+        )
+
+    assert run("store", "create", "edge/net").returncode == 0
+    assert run("collect", "--help").returncode == 0
+    sql = run("sql", "SELECT 1")
+    assert sql.returncode == 1
+    assert "needs the platform install" in sql.stderr and sql.stderr.count("\n") == 1
+    assert "sql" in run("--help").stdout

@@ -5,10 +5,11 @@
 The same events (the NIC collector's JSON: 1000 samples per event by default, 10 million
 samples in all) are turned into one Parquet row per sample, in one run, by:
 
-1. **sluice**: the `sluice` source reads the events from an embedded stream (two segments)
-   and the `sluice-export` sink flattens them through NetworkSamples.avsc in the executors
-   (msgspec + numpy + pyarrow) and writes staged Parquet files published by rename — the
-   export job's code path, as one batch, with lineage columns and quarantine checks;
+1. **sluice**: the `sluice` source plans the stream (two segments) into segment ranges
+   (`emit=ranges`, as the export job does) and each `sluice-export` task reads its range
+   from the embedded store, flattens it through NetworkSamples.avsc (msgspec + numpy +
+   pyarrow) and writes staged Parquet files published by rename — the export job's code
+   path, as one batch, with lineage columns and quarantine checks;
 2. **duckdb**: `read_ndjson` of the same events as an NDJSON file, `unnest` of the three
    arrays, `COPY … (FORMAT parquet, COMPRESSION zstd)`, all cores;
 3. **spark-json**: Spark's own JSON file reader on that NDJSON file, `arrays_zip` + `explode`,
@@ -112,6 +113,7 @@ def main() -> None:
             .option("store", uri)
             .option("stream", "bench/network")
             .option("minPartitions", "2")
+            .option("emit", "ranges")  # as the export job: tasks read their ranges themselves
             .load()
             .write.format("sluice-export")
             .mode("append")

@@ -68,7 +68,8 @@ def export(
     identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
     root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
     with Checkpoint(root, identity) as checkpoint:
-        events = source_frame(spark, spec.store, spec.stream, run)
+        # Range rows: each task reads its range from the store and flattens it itself.
+        events = source_frame(spark, spec.store, spec.stream, run, emit="ranges")
         writer = (
             events.writeStream.format("sluice-export")
             .option("schema", plan.schema.source)

@@ -112,7 +112,9 @@ class JobSummary:
         return self.batches[-1].lag_bytes if self.batches else None
 
 
-def source_frame(spark: SparkSession, store: str, stream: str, run: RunOptions) -> DataFrame:
+def source_frame(
+    spark: SparkSession, store: str, stream: str, run: RunOptions, emit: str = "events"
+) -> DataFrame:
     """The `sluice` streaming source over `stream`, as the run options ask."""
     reader = (
         spark.readStream.format("sluice")
@@ -120,6 +122,7 @@ def source_frame(spark: SparkSession, store: str, stream: str, run: RunOptions) 
         .option("stream", stream)
         .option("startingCut", run.starting)
         .option("minPartitions", str(max(2, spark.sparkContext.defaultParallelism)))
+        .option("emit", emit)
     )
     if run.max_events is not None:
         reader = reader.option("maxEventsPerTrigger", str(run.max_events))
@@ -190,7 +193,8 @@ def _collect(
         if start is not None and start == end:
             continue  # an idle trigger: no batch ran
         stats = _ledger_stats(ledger, batch_id)
-        events = int(progress["numInputRows"])
+        # A sink that reads the store itself (export) gets range rows: its ledger counts events.
+        events = int(stats.get("events", progress["numInputRows"]))
         done = BatchReport(
             job=job,
             batch_id=batch_id,

@@ -51,11 +51,14 @@ from pipeline.schemas import QUARANTINE_SCHEMA, Events, FlattenPlan, flatten, fl
 from pipeline.spark.errors import BatchConflict
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
 from pipeline.spark.options import ExportOptions
+from pipeline.streams import open_store
 
 STAGING = "_staging"
 QUARANTINE = "_quarantine"
 EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
 HOUR_NS = 3600 * 10**9
+CHUNK_EVENTS = 1024
+CHUNK_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -257,8 +260,8 @@ def export_task(opts: ExportOptions, batches: Iterator[pa.RecordBatch]) -> Files
     low: int | None = None
     high: int | None = None
     try:
-        for batch in batches:
-            result = flatten(plan, Events.from_arrow(batch))
+        for events_chunk in event_chunks(batches):
+            result = flatten(plan, events_chunk)
             files.write_rows(result.rows, result.time_ns)
             files.write_quarantine(result.quarantine)
             events += result.events
@@ -272,6 +275,46 @@ def export_task(opts: ExportOptions, batches: Iterator[pa.RecordBatch]) -> Files
         files.discard()
         raise
     return FilesMessage(partition, staged, events, rows, quarantined, low, high)
+
+
+def event_chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[Events]:
+    """Events from rows of the `sluice` source: event rows, or range rows (`emit=ranges`),
+    whose events this task reads from the store itself."""
+    for batch in batches:
+        if "payload" in batch.schema.names:
+            yield Events.from_arrow(batch)
+            continue
+        for row in batch.to_pylist():
+            yield from range_events(
+                row["store"], row["stream"], row["segment"], (row["start"], row["end"])
+            )
+
+
+def range_events(
+    store_uri: str, stream: str, segment: int, span: tuple[int, int]
+) -> Iterator[Events]:
+    """The events of one segment range, in chunks of at most CHUNK_EVENTS / CHUNK_BYTES."""
+    columns: tuple[list, ...] = ([], [], [], [])
+    size = 0
+    with open_store(store_uri) as store:
+        for event in store.read_segment(stream, segment, span[0], span[1]):
+            for column, value in zip(
+                columns,
+                (event.payload, event.offset, event.routing_key, event.ingest_time_ns),
+                strict=True,
+            ):
+                column.append(value)
+            size += len(event.payload)
+            if len(columns[0]) >= CHUNK_EVENTS or size >= CHUNK_BYTES:
+                yield _events(stream, segment, columns)
+                columns, size = ([], [], [], []), 0
+    if columns[0]:
+        yield _events(stream, segment, columns)
+
+
+def _events(stream: str, segment: int, columns: tuple[list, ...]) -> Events:
+    payloads, offsets, keys, ingest = columns
+    return Events(stream, payloads, [segment] * len(payloads), offsets, keys, ingest)
 
 
 def files_plan(messages: list[Any], batch_id: int) -> BatchPlan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pipeline.spark.errors import OptionError
 from pipeline.streams import InvalidName, parse_stream
@@ -78,7 +79,9 @@ class SourceOptions:
     """Options of a `sluice` read (batch or streaming).
 
     `starting` / `ending` are `head`, `tail` or a cut's text; `ending` None means the tail at
-    planning time for a batch read, and no end for a streaming read.
+    planning time for a batch read, and no end for a streaming read. `emit` is `events` (one
+    row per event) or `ranges` (one row per planned segment range, for a sink that reads the
+    store itself, such as `sluice-export`: the payloads then never cross the JVM).
     """
 
     store: str
@@ -89,9 +92,13 @@ class SourceOptions:
     max_bytes: int | None = None
     min_partitions: int = 2
     min_split_bytes: int = 1 << 20
+    emit: Literal["events", "ranges"] = "events"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        emit = (_get(options, "emit") or "events").lower()
+        if emit not in ("events", "ranges"):
+            raise OptionError(SOURCE, "emit", emit, "use events (the default) or ranges")
         return cls(
             store=_store(options),
             stream=_stream(SOURCE, options),
@@ -101,6 +108,7 @@ class SourceOptions:
             max_bytes=_positive(SOURCE, options, "maxBytesPerTrigger", None),
             min_partitions=_positive(SOURCE, options, "minPartitions", 2) or 2,
             min_split_bytes=_positive(SOURCE, options, "minSplitBytes", 1 << 20) or 1 << 20,
+            emit="ranges" if emit == "ranges" else "events",
         )
 
 

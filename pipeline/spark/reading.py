@@ -60,6 +60,16 @@ ARROW_SCHEMA = pa.schema(
         ("ingest_time", pa.timestamp("us", tz="UTC")),
     ]
 )
+RANGE_SCHEMA = "store string, stream string, segment int, start long, end long"
+RANGE_ARROW = pa.schema(
+    [
+        ("store", pa.string()),
+        ("stream", pa.string()),
+        ("segment", pa.int32()),
+        ("start", pa.int64()),
+        ("end", pa.int64()),
+    ]
+)
 BATCH_EVENTS = 4096
 BATCH_BYTES = 32 << 20
 
@@ -118,6 +128,14 @@ def plan_ranges(
     return ranges
 
 
+def read_partition(part: SegmentRange, emit: str) -> Iterator[pa.RecordBatch]:
+    """Executor side: the range's events, or (`emit=ranges`) the range itself as one row."""
+    if emit == "ranges":
+        row = [[part.store], [part.stream], [part.segment], [part.start], [part.end]]
+        return iter([pa.RecordBatch.from_arrays(row, schema=RANGE_ARROW)])
+    return read_range(part)
+
+
 def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     """The events of one range as Arrow batches of the source's schema (executor side)."""
     with open_store(part.store) as store:
@@ -161,7 +179,7 @@ class SluiceBatchReader(DataSourceReader):
         return self.ranges
 
     def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        return read_range(partition)
+        return read_partition(partition, self.opts.emit)
 
 
 def check_order(start: StreamCut, end: StreamCut) -> None:
@@ -238,7 +256,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return plan_ranges(self.store, self.opts, begin, finish)
 
     def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        return read_range(partition)
+        return read_partition(partition, self.opts.emit)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: Spark's checkpoint holds the position; the store keeps all data."""

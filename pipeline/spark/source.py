@@ -10,7 +10,8 @@
 
 Options of `sluice` reads: `store` (URI; default the configured store), `stream`,
 `startingCut` (`head` | `tail` | a cut; default head), `endingCut` (a cut or `tail`),
-`maxEventsPerTrigger`, `maxBytesPerTrigger`, `minPartitions` (default 2), `minSplitBytes`.
+`maxEventsPerTrigger`, `maxBytesPerTrigger`, `minPartitions` (default 2), `minSplitBytes`,
+`emit` (`events`, or `ranges`: one row per segment range for a sink that reads the store).
 Writes: `store`, `stream`, `routingKey` (fixed key), `state` (ledger file; default next to the
 checkpoint), `batchId` (batch writes), `createSegments` (create the stream if missing).
 Delivery guarantees are stated in `reading.py`, `writing.py` and `files.py`.
@@ -41,9 +42,10 @@ class SluiceDataSource(DataSource):
         return SOURCE
 
     def schema(self) -> str:
-        from pipeline.spark.reading import EVENT_SCHEMA
+        from pipeline.spark.reading import EVENT_SCHEMA, RANGE_SCHEMA
 
-        return EVENT_SCHEMA
+        emit = str(self.options.get("emit", "events")).lower()
+        return RANGE_SCHEMA if emit == "ranges" else EVENT_SCHEMA
 
     def reader(self, schema: StructType) -> SluiceBatchReader:
         from pipeline.spark.reading import SluiceBatchReader

@@ -195,3 +195,23 @@ def test_bad_options_are_clear_errors(store, store_uri, source):
         resolve_cut(store, source, other, "startingCut")
     with pytest.raises(OptionError, match="head / tail"):
         resolve_cut(store, source, "yesterday", "startingCut")
+
+
+def test_emit_ranges_gives_one_row_per_planned_range(spark, store, store_uri, source):
+    for i in range(4):
+        fill(store, source, 30, first=30 * i)
+    rows = (
+        spark.read.format("sluice")
+        .option("store", store_uri)
+        .option("stream", source)
+        .option("emit", "ranges")
+        .option("minPartitions", "4")
+        .option("minSplitBytes", "256")
+        .load()
+        .collect()
+    )
+    assert rows and {r["store"] for r in rows} == {store_uri}
+    covered = sum(
+        len(list(store.read_segment(source, r["segment"], r["start"], r["end"]))) for r in rows
+    )
+    assert covered == 120

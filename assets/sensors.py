@@ -8,7 +8,7 @@ are small versioned JSON documents (`TailCursor`, `SliceCursor`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, TypedDict
 
 import dagster as dg
@@ -83,7 +83,7 @@ def evaluate_tails(
             )
         )
         job = catch_up_job_name(family)
-        tags = exclusive_tags(job, family)
+        tags = exclusive_tags("catch_up", family)
         if has_unfinished_run(context.instance, tags):
             skipped.append(f"{family.name}: a {job} run is already queued or running")
             continue
@@ -96,26 +96,54 @@ def evaluate_tails(
     )
 
 
+Evaluate = Callable[
+    [dg.SensorEvaluationContext, StreamStoresResource, Sequence[StreamFamily]], dg.SensorResult
+]
+
+
+def store_sensor(
+    name: str,
+    description: str,
+    evaluate: Evaluate,
+    *,
+    families: Sequence[StreamFamily],
+    interval_seconds: int,
+    jobs: Sequence[dg.UnresolvedAssetJobDefinition],
+) -> dg.SensorDefinition:
+    """A sensor whose decision is `evaluate(context, stores, families)`."""
+    families = tuple(families)
+
+    @dg.sensor(
+        name=name,
+        minimum_interval_seconds=interval_seconds,
+        jobs=list(jobs),
+        description=description,
+    )
+    def _sensor(
+        context: dg.SensorEvaluationContext, stores: StreamStoresResource
+    ) -> dg.SensorResult:
+        return evaluate(context, stores, families)
+
+    return _sensor
+
+
 def tail_sensor(
     families: Sequence[StreamFamily],
     interval_seconds: int,
     jobs: Sequence[dg.UnresolvedAssetJobDefinition],
 ) -> dg.SensorDefinition:
-    families = tuple(families)
-
-    @dg.sensor(
-        name="edge_tail_sensor",
-        minimum_interval_seconds=interval_seconds,
-        jobs=list(jobs),
-        description="Observes every edge stream's tail; when it moved, requests that family's "
-        "catch-up run (mirror, exports, slices up to the tail).",
+    description = (
+        "Observes every edge stream's tail; when it moved, requests that family's catch-up "
+        "run (mirror, exports, slices up to the tail)."
     )
-    def _sensor(
-        context: dg.SensorEvaluationContext, stores: StreamStoresResource
-    ) -> dg.SensorResult:
-        return evaluate_tails(context, stores, families)
-
-    return _sensor
+    return store_sensor(
+        "edge_tail_sensor",
+        description,
+        evaluate_tails,
+        families=families,
+        interval_seconds=interval_seconds,
+        jobs=jobs,
+    )
 
 
 # --- slices -> partitions and replays -----------------------------------------------------
@@ -175,17 +203,12 @@ def slices_sensor(
     interval_seconds: int,
     jobs: Sequence[dg.UnresolvedAssetJobDefinition],
 ) -> dg.SensorDefinition:
-    families = tuple(families)
-
-    @dg.sensor(
-        name="new_slices_sensor",
-        minimum_interval_seconds=interval_seconds,
-        jobs=list(jobs),
-        description="Adds a replay partition for every new slice and requests its replays.",
+    description = "Adds a replay partition for every new slice and requests its replays."
+    return store_sensor(
+        "new_slices_sensor",
+        description,
+        evaluate_slices,
+        families=families,
+        interval_seconds=interval_seconds,
+        jobs=jobs,
     )
-    def _sensor(
-        context: dg.SensorEvaluationContext, stores: StreamStoresResource
-    ) -> dg.SensorResult:
-        return evaluate_slices(context, stores, families)
-
-    return _sensor

@@ -129,9 +129,9 @@ def catch_up(
         summary = run(RunOptions(mode="available-now"), lambda b: context.log.info(b.line()))
     except CheckpointInUse as exc:
         why = (
-            f"skipped: the checkpoint is held by a running service ({exc.holder}); it keeps "
-            f"the asset up to date and the streaming_service_progress sensor records it. "
-            f"Service command: {service}"
+            f"skipped: the checkpoint is held by another run ({exc.holder}): the continuous "
+            f"service (`{service}`), whose progress the streaming_service_progress sensor "
+            "records, or another run of this job that is catching up right now"
         )
         context.log.warning(why)
         return StepOutcome(None, why, read_progress(checkpoint), BatchTotals())

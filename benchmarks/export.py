@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
+import numpy as np
 
 from pipeline.spark.session import SparkSettings, spark_session
 from pipeline.streams import open_store
@@ -40,12 +41,17 @@ T0 = 1_609_363_757_807_000_000
 
 
 def nic_payload(i: int, samples: int) -> bytes:
-    t0 = T0 + i * samples * 1_000_000
-    rx0, tx0 = 719_763_680 + i * samples * 7, 4_594_274 + i * samples * 3
+    """A NIC event as the collector writes it, with realistic counters: timestamps 1 ms apart
+    with jitter, byte counters growing by bursts (seeded, so every run has the same data)."""
+    rng = np.random.default_rng(i)
+    step = np.arange(samples) * 1_000_000
+    bursts = rng.random((2, samples)) < 0.3
     event = {
-        "TimestampNanos": [t0 + k * 1_000_000 for k in range(samples)],
-        "RxBytes": [rx0 + k * 7 for k in range(samples)],
-        "TxBytes": [tx0 + k * 3 for k in range(samples)],
+        "TimestampNanos": (
+            T0 + i * samples * 1_000_000 + step + rng.integers(0, 5000, samples)
+        ).tolist(),
+        "RxBytes": (719_763_680 + np.cumsum(rng.integers(0, 1500, samples) * bursts[0])).tolist(),
+        "TxBytes": (4_594_274 + np.cumsum(rng.integers(0, 200, samples) * bursts[1])).tolist(),
         "RemoteAddr": "ubuntu",
         "Interface": f"ens{33 + i % 2}",
         "LastTimestampFormatted": "2020-12-30T21:29:17.809Z",

@@ -36,10 +36,8 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -49,6 +47,9 @@ from pyspark.sql.datasource import (
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
 from pipeline.spark.options import SinkOptions
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound, open_store
+
+if TYPE_CHECKING:  # pyarrow is imported where tasks run, not in the driver's commit process
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class _TaskWriter:
         return [None] * batch.num_rows
 
     def _track(self, batch: pa.RecordBatch) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         names = batch.schema.names
         if self.order is None and "segment" in names and "offset" in names:
             self.order = (batch.column("segment")[0].as_py(), batch.column("offset")[0].as_py())
@@ -147,6 +151,8 @@ class _TaskWriter:
 
 
 def _payloads(batch: pa.RecordBatch) -> list[bytes]:
+    import pyarrow as pa
+
     if "payload" not in batch.schema.names:
         msg = "the sluice sink needs a `payload` column (binary or string)"
         raise ValueError(msg)

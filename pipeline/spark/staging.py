@@ -1,0 +1,259 @@
+"""Executor side of the `sluice-export` sink: flatten a task's events into staged files.
+
+Each task reads its events (rows of the `sluice` source, or its own segment ranges when the
+source emits ranges), flattens them through the Avro plan (`pipeline.schemas.flatten`) and
+writes complete, fsynced files under `<output>/_staging/<task token>/`, rolled at
+`maxRowsPerFile` rows and split by the rows' event hour. Nothing here is visible to readers
+of the output: the driver publishes the files (`files.py`). Kept apart from `files.py` so
+the driver's processes (which only publish) do not import pyarrow, numpy and the flatten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from pipeline.schemas import Events, FlattenPlan, flatten, flatten_plan
+from pipeline.spark.files import EXTENSIONS, STAGING, FilesMessage, StagedFile, fsync
+from pipeline.spark.options import ExportOptions
+from pipeline.streams import open_store
+
+HOUR_NS = 3600 * 10**9
+CHUNK_EVENTS = 1024
+CHUNK_BYTES = 32 << 20
+
+
+def bucket_of(hour: int) -> str:
+    """`date=…/hour=…` of an hour number (hours since the epoch, UTC)."""
+    start = datetime.fromtimestamp(hour * 3600, tz=UTC)
+    return f"date={start:%Y-%m-%d}/hour={start:%H}"
+
+
+@dataclass
+class _Open:
+    """A staged file being written."""
+
+    path: Path
+    writer: Any
+    kind: str
+    bucket: str
+    rows: int = 0
+
+
+@dataclass
+class _TaskFiles:
+    """The files one task writes, rolled at `max_rows` rows per file (executor side)."""
+
+    opts: ExportOptions
+    plan: FlattenPlan
+    directory: Path
+    open: dict[tuple[str, str], _Open] = field(default_factory=dict)
+    done: list[StagedFile] = field(default_factory=list)
+    counter: int = 0
+
+    def write_rows(self, rows: pa.Table, time_ns: np.ndarray) -> None:
+        if rows.num_rows == 0:
+            return
+        hours = time_ns // HOUR_NS
+        low, high = int(hours.min()), int(hours.max())
+        distinct = [low] if low == high else np.unique(hours).tolist()
+        for hour in distinct:
+            part = rows.filter(pa.array(hours == hour)) if len(distinct) > 1 else rows
+            for kind in self.opts.formats:
+                self._append(kind, bucket_of(int(hour)), part)
+
+    def write_quarantine(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._append("quarantine", "", table)
+
+    def _append(self, kind: str, bucket: str, table: pa.Table) -> None:
+        start = 0
+        while start < table.num_rows:
+            current = self.open.get((kind, bucket)) or self._start(kind, bucket, table.schema)
+            take = min(table.num_rows - start, self.opts.max_rows_per_file - current.rows)
+            _write(current, table.slice(start, take))
+            current.rows += take
+            start += take
+            if current.rows >= self.opts.max_rows_per_file:
+                self._close(current)
+
+    def _start(self, kind: str, bucket: str, schema: pa.Schema) -> _Open:
+        self.counter += 1
+        ext = EXTENSIONS.get(kind, "parquet")
+        path = self.directory / f"{self.counter:06d}.{ext}"
+        opened = _Open(
+            path, _writer(kind, path, schema, repeating_columns(self.plan)), kind, bucket
+        )
+        self.open[(kind, bucket)] = opened
+        return opened
+
+    def _close(self, current: _Open) -> None:
+        current.writer.close()
+        fsync(current.path)
+        del self.open[(current.kind, current.bucket)]
+        self.done.append(
+            StagedFile(
+                str(current.path),
+                current.kind,
+                current.bucket,
+                current.rows,
+                current.path.stat().st_size,
+            )
+        )
+
+    def close(self) -> tuple[StagedFile, ...]:
+        for current in list(self.open.values()):
+            self._close(current)
+        fsync(self.directory)
+        return tuple(self.done)
+
+    def discard(self) -> None:
+        for current in self.open.values():
+            with contextlib.suppress(Exception):
+                current.writer.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class _JsonLines:
+    """JSON lines of flattened rows (binary values as Latin-1 text, as Avro JSON does)."""
+
+    def __init__(self, path: Path) -> None:
+        self.handle = path.open("wb")
+
+    def write_table(self, table: pa.Table) -> None:
+        rows = table.to_pylist()
+        self.handle.write(b"".join(msgspec.json.encode(r, enc_hook=_latin1) + b"\n" for r in rows))
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _latin1(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    msg = f"cannot write {type(value).__name__} as JSON"
+    raise TypeError(msg)
+
+
+def repeating_columns(plan: FlattenPlan) -> list[str]:
+    """Columns whose values repeat within an event: the event's scalars and its position.
+
+    Only these get Parquet dictionary pages; trying dictionaries on per-sample counters and
+    timestamps costs about half the write time and then falls back to plain pages anyway.
+    """
+    scalars = [c.name for c in plan.columns if c.kind == "scalar"]
+    return [*scalars, "_segment", "_offset"]
+
+
+def _writer(kind: str, path: Path, schema: pa.Schema, repeating: list[str]) -> Any:
+    if kind == "parquet":
+        return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=repeating)
+    if kind == "quarantine":
+        names = [f.name for f in schema if f.name != "payload"]
+        return pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=names)
+    if kind == "csv":
+        options = pacsv.WriteOptions(include_header=True, quoting_style="needed")
+        return pacsv.CSVWriter(path, _csv_schema(schema), write_options=options)
+    return _JsonLines(path)
+
+
+def _csv_schema(schema: pa.Schema) -> pa.Schema:
+    """CSV has no binary type: binary columns are written as Latin-1 text (Avro JSON's form)."""
+    return pa.schema(
+        [pa.field(f.name, pa.string()) if pa.types.is_binary(f.type) else f for f in schema]
+    )
+
+
+def _write(current: _Open, table: pa.Table) -> None:
+    if current.kind == "csv" and any(pa.types.is_binary(t) for t in table.schema.types):
+        arrays = [
+            pa.array([v.decode("latin-1") if v is not None else None for v in c.to_pylist()])
+            if pa.types.is_binary(c.type)
+            else c
+            for c in table.columns
+        ]
+        table = pa.Table.from_arrays(arrays, schema=_csv_schema(table.schema))
+    current.writer.write_table(table)
+
+
+def export_task(opts: ExportOptions, batches: Iterator[pa.RecordBatch]) -> FilesMessage:
+    """Flatten one task's events and write them as staged files (executor side)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    plan = flatten_plan(opts.schema, opts.time_field)
+    directory = Path(opts.output) / STAGING / f"t{partition:04d}-{uuid.uuid4().hex}"
+    directory.mkdir(parents=True)
+    files = _TaskFiles(opts, plan, directory)
+    events = rows = quarantined = 0
+    low: int | None = None
+    high: int | None = None
+    try:
+        for events_chunk in event_chunks(batches):
+            result = flatten(plan, events_chunk)
+            files.write_rows(result.rows, result.time_ns)
+            files.write_quarantine(result.quarantine)
+            events += result.events
+            rows += result.rows.num_rows
+            quarantined += result.quarantine.num_rows
+            if result.rows.num_rows:
+                low = min(low or 2**63, int(result.time_ns.min()))
+                high = max(high or -(2**63), int(result.time_ns.max()))
+        staged = files.close()
+    except BaseException:
+        files.discard()
+        raise
+    return FilesMessage(partition, staged, events, rows, quarantined, low, high)
+
+
+def event_chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[Events]:
+    """Events from rows of the `sluice` source: event rows, or range rows (`emit=ranges`),
+    whose events this task reads from the store itself."""
+    for batch in batches:
+        if "payload" in batch.schema.names:
+            yield Events.from_arrow(batch)
+            continue
+        for row in batch.to_pylist():
+            yield from range_events(
+                row["store"], row["stream"], row["segment"], (row["start"], row["end"])
+            )
+
+
+def range_events(
+    store_uri: str, stream: str, segment: int, span: tuple[int, int]
+) -> Iterator[Events]:
+    """The events of one segment range, in chunks of at most CHUNK_EVENTS / CHUNK_BYTES."""
+    columns: tuple[list, ...] = ([], [], [], [])
+    size = 0
+    with open_store(store_uri) as store:
+        for event in store.read_segment(stream, segment, span[0], span[1]):
+            for column, value in zip(
+                columns,
+                (event.payload, event.offset, event.routing_key, event.ingest_time_ns),
+                strict=True,
+            ):
+                column.append(value)
+            size += len(event.payload)
+            if len(columns[0]) >= CHUNK_EVENTS or size >= CHUNK_BYTES:
+                yield _events(stream, segment, columns)
+                columns, size = ([], [], [], []), 0
+    if columns[0]:
+        yield _events(stream, segment, columns)
+
+
+def _events(stream: str, segment: int, columns: tuple[list, ...]) -> Events:
+    payloads, offsets, keys, ingest = columns
+    return Events(stream, payloads, [segment] * len(payloads), offsets, keys, ingest)

@@ -59,6 +59,8 @@ def analytics_asset(
         deps=list(upstream),
         group_name="analytics",
         kinds={"duckdb"},
+        # with the daemon running, the views follow their upstream (blocking checks first)
+        automation_condition=dg.AutomationCondition.eager(),
         description="The analysts' DuckDB database: views over every export (samples, rates, "
         "quarantine), the slices, the replay lineage and results; and the NIC rate plots. "
         f"Open it with duckdb: {settings.analytics_database}",

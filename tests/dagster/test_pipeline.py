@@ -70,7 +70,9 @@ def test_slices_replays_schedule_and_views(settings, spark, monkeypatch):
 
         # nightly: nothing stale; after a change to the model, every slice is
         schedule_context = dg.build_schedule_context(instance=instance)
-        assert isinstance(evaluate_nightly(schedule_context, net, {REPLAY: version}), dg.SkipReason)
+        nightly = defs.resolve_schedule_def("nightly_replays_network")
+        assert nightly.cron_schedule == settings.dagster.replay_schedule
+        assert isinstance(nightly(schedule_context), dg.SkipReason)
         from pipeline.models import nic
 
         monkeypatch.setattr(nic.throughput, "version", "changed-in-test", raising=False)

@@ -7,7 +7,7 @@ import dagster as dg
 import pytest
 
 from assets.definitions import build_definitions, build_resources
-from assets.family import family_definitions
+from assets.streaming import FamilyJobs
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity
 from tests.dagster.conftest import materialized, samples, tail_text, write_events
 
@@ -68,7 +68,7 @@ def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark
 def test_a_run_that_finds_the_service_running_says_so_and_skips(settings, instance, spark):
     net = settings.family("network")
     write_events(net.store_uri, net.stream, samples(2))
-    jobs = family_definitions(net, settings).jobs_spec
+    jobs = FamilyJobs.of(net, dict(settings.stores), settings.export_formats)
     identity = JobIdentity(
         "mirror",
         f"{jobs.mirror.store}#{jobs.mirror.stream}",
@@ -84,5 +84,5 @@ def test_a_run_that_finds_the_service_running_says_so_and_skips(settings, instan
         if e.event_type_value == "ASSET_OBSERVATION"
     ]
     skipped = {o.asset_key.to_user_string(): o.metadata["skipped"].value for o in observed}
-    assert "held by a running service" in skipped["network/cloud_mirror"]
+    assert "the checkpoint is held by another run" in skipped["network/cloud_mirror"]
     assert "--continuous" in skipped["network/cloud_mirror"]

@@ -10,8 +10,6 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 from collectors.buffer import Buffer
 
 from .conftest import REPO, read_payloads, run_cli, wait_for

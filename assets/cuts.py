@@ -1,9 +1,9 @@
-"""Typed metadata shared by Sluice's assets: the cut range a step covered, its counts, its lag.
+"""Typed metadata shared by Sluice's assets: the cut range a step covered.
 
 Every materialization of a streaming asset records the stream positions it covered as
-`start_cut` / `end_cut` (stream-cut texts, `v1~scope~stream~seg-off...`), so the lineage of any
-output row can be followed back to stream positions, and a later step can pick up where this
-one ended (`last_end_cut`).
+`start_cut` / `end_cut` (stream-cut texts, `v1~scope~stream~seg-off...`, or `head` for the
+start of a stream), so the lineage of any output row can be followed back to stream
+positions, and a later step can tell where this one ended.
 """
 
 from __future__ import annotations
@@ -27,25 +27,9 @@ def cut_range_metadata(start: StreamCut | str | None, end: StreamCut | str) -> d
     }
 
 
-def lag_metadata(position: StreamCut, tail: StreamCut) -> dict[str, Any]:
-    """How far `position` is behind the source's `tail`, in bytes over all segments."""
-    return {"lag_bytes": dg.MetadataValue.int(position.bytes_until(tail))}
-
-
 def metadata_text(metadata: Mapping[str, Any], key: str) -> str | None:
     """The text of a metadata entry read back from the instance (or None)."""
     value = metadata.get(key)
     if value is None:
         return None
     return str(getattr(value, "value", getattr(value, "text", value)))
-
-
-def last_end_cut(instance: dg.DagsterInstance, key: dg.AssetKey) -> StreamCut | None:
-    """The `end_cut` of the latest materialization of `key`, if it has one."""
-    event = instance.get_latest_materialization_event(key)
-    if event is None or event.asset_materialization is None:
-        return None
-    text = metadata_text(event.asset_materialization.metadata, END_CUT)
-    if not text or text == "head":
-        return None
-    return StreamCut.parse(text)

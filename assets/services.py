@@ -13,6 +13,7 @@ so the sensor leaves a family's job alone while a Dagster run of that asset is u
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -29,7 +30,7 @@ class Watched:
 
     job: str
     family: str
-    checkpoint: Any  # Path
+    checkpoint: Path
     keys: tuple[dg.AssetKey, ...]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from assets.cuts import cut_range_metadata
+from assets.cuts import END_CUT, cut_range_metadata
 from assets.edge import edge_key
 from assets.progress import BatchTotals, CheckpointProgress, ledger_totals
 from assets.progress import committed_progress as read_progress
@@ -180,7 +180,7 @@ def mirror_metadata(
 
 
 def data_version(metadata: dict[str, Any]) -> dg.DataVersion | None:
-    end = metadata.get("end_cut")
+    end = metadata.get(END_CUT)
     return dg.DataVersion(end.value) if end is not None else None
 
 

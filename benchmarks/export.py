@@ -17,8 +17,9 @@ samples in all) are turned into one Parquet row per sample, in one run, by:
 
 Spark runs `local[2]` (this machine has 2 cores, as DuckDB gets). The Spark session is
 started and warmed up (one small export) before timing: start-up is paid once per job, not
-per batch, and is printed separately. Each contender runs `--repeat` times; the best time
-counts. Every output is checked to hold exactly events x samples rows before figures print.
+per batch, and is printed separately. The contenders run in `--repeat` rounds (one after
+the other in each round); each one's best time counts. Every output is checked to hold
+exactly events x samples rows before figures print.
 """
 
 from __future__ import annotations
@@ -77,16 +78,14 @@ def prepare(root: Path, events: int, samples: int) -> tuple[str, Path, int]:
     return uri, ndjson, size
 
 
-def best(label: str, repeat: int, run: Callable[[int], int], expected: int) -> float:
-    times = []
-    for attempt in range(repeat):
-        started = time.perf_counter()
-        rows = run(attempt)
-        times.append(time.perf_counter() - started)
-        if rows != expected:
-            msg = f"{label} wrote {rows} rows, expected {expected}"
-            raise SystemExit(msg)
-    return min(times)
+def timed(label: str, run: Callable[[int], int], attempt: int, expected: int) -> float:
+    started = time.perf_counter()
+    rows = run(attempt)
+    seconds = time.perf_counter() - started
+    if rows != expected:
+        msg = f"{label} wrote {rows} rows, expected {expected}"
+        raise SystemExit(msg)
+    return seconds
 
 
 def parquet_rows(pattern: str) -> int:
@@ -98,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="sluice-bench-export-"))
@@ -175,9 +174,14 @@ def main() -> None:
     sluice(99)  # warm-up: Python workers started, JIT warmed, schema plan cached
     uri = warm_uri
 
+    contenders = (("sluice", sluice), ("duckdb", duck), ("spark-json", spark_json))
+    times: dict[str, list[float]] = {label: [] for label, _ in contenders}
+    for attempt in range(args.repeat):  # rounds, so a busy moment does not favour anyone
+        for label, run in contenders:
+            times[label].append(timed(label, run, attempt, total))
     results = {}
-    for label, run in (("sluice", sluice), ("duckdb", duck), ("spark-json", spark_json)):
-        seconds = best(label, args.repeat, run, total)
+    for label, _ in contenders:
+        seconds = min(times[label])
         results[label] = total / seconds
         print(f"  {label:<11} {seconds:7.2f} s  {results[label] / 1e6:6.2f} M samples/s")
     print(f"spark session start-up (once per job): {startup:.1f} s")

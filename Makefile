@@ -64,8 +64,9 @@ format: install
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
+# Dagster on the demo's instance ($SLUICE_HOME/dagster): its runs, pools and run queue.
 ui: install java
-	.venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	DAGSTER_HOME=$$($(PY) -m assets.instance) .venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 bench: install java
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

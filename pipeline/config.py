@@ -30,9 +30,15 @@ def load_config(path: Path | None = None) -> dict:
 
 
 def default_store_uri() -> str:
-    """`$SLUICE_STORE`, else `[store] uri` of sluice.toml, else the embedded store in the home."""
-    if uri := os.environ.get("SLUICE_STORE"):
-        return uri
-    if uri := load_config().get("store", {}).get("uri"):
+    """The default (edge) store: `$SLUICE_STORE`, else `$SLUICE_STORE_EDGE`, else sluice.toml's
+    `[stores.edge]` (`uri`, or an `embedded` directory under the home), else the embedded
+    store in `$SLUICE_HOME/streams`."""
+    for variable in ("SLUICE_STORE", "SLUICE_STORE_EDGE"):
+        if uri := os.environ.get(variable):
+            return uri
+    edge = load_config().get("stores", {}).get("edge", {})
+    if uri := edge.get("uri"):
         return str(uri)
+    if directory := edge.get("embedded"):
+        return f"embedded:{(sluice_home() / Path(directory).expanduser()).absolute()}"
     return f"embedded:{sluice_home() / 'streams'}"

@@ -108,7 +108,6 @@ _OVERRIDABLE_TABLES = {"checks": ChecksTable, "dagster": DagsterTable, "exports"
 
 
 class SluiceToml(_Table, kw_only=True):
-    store: dict[str, Any] = {}  # `[store] uri`, read by pipeline.config.default_store_uri
     stores: dict[str, StoreTable] = {}
     streams: dict[str, StreamTable] = {}
     exports: ExportsTable = ExportsTable()
@@ -270,6 +269,8 @@ def _under(home: Path, path: str) -> Path:
 def _store_uri(name: str, table: StoreTable, home: Path, where: str) -> str:
     if table.uri and table.embedded:
         raise SettingsError(where, f"stores.{name} sets both uri and embedded: keep one")
+    if name == "edge":  # the default store: one rule, pipeline.config.default_store_uri
+        return default_store_uri()
     if table.uri:
         return table.uri
     if table.embedded:

@@ -15,7 +15,7 @@ length. Each quarantined event keeps its raw payload, its position and the reaso
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,8 +110,13 @@ class _Columns:
         self.good.append(index)
 
 
-def flatten(plan: FlattenPlan, events: Events) -> Flattened:
-    """Flatten `events` (see the module doc); never raises for a bad event."""
+def flatten(plan: FlattenPlan, events: Events, *, dictionary: bool = False) -> Flattened:
+    """Flatten `events` (see the module doc); never raises for a bad event.
+
+    `dictionary=True` returns the per-event columns (scalars, `_segment`, `_offset`) as
+    Arrow dictionary arrays over the events instead of repeating each value on every row of
+    its event: the same values, no copies, and Parquet writes them as dictionary pages as is.
+    """
     acc = _Columns(plan)
     bad: list[tuple[int, str]] = []
     with warnings.catch_warnings():
@@ -124,7 +129,7 @@ def flatten(plan: FlattenPlan, events: Events) -> Flattened:
                 bad.append((index, exc.reason))
                 continue
             acc.add(index, count, values)
-    rows, time_ns = _table(plan, events, acc)
+    rows, time_ns = _table(plan, events, acc, dictionary)
     return Flattened(rows, time_ns, _quarantine(plan, events, bad), len(events.payloads))
 
 
@@ -242,29 +247,58 @@ def _numbers(raw: msgspec.Raw, avro: str) -> np.ndarray:
     return parsed
 
 
-def _table(plan: FlattenPlan, events: Events, acc: _Columns) -> tuple[pa.Table, np.ndarray]:
+def _table(
+    plan: FlattenPlan, events: Events, acc: _Columns, dictionary: bool
+) -> tuple[pa.Table, np.ndarray]:
     counts = np.asarray(acc.counts, dtype=np.int64)
     good = np.asarray(acc.good, dtype=np.int64)
-    parent = np.repeat(np.arange(len(counts)), counts)
-    arrays = [_column(c, acc.values[c.name], counts, parent) for c in plan.columns]
+    parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    arrays = [_column(c, acc.values[c.name], counts, parent, dictionary) for c in plan.columns]
     segments = np.asarray(events.segments, dtype=np.int32)[good]
     offsets = np.asarray(events.offsets, dtype=np.int64)[good]
-    starts = np.cumsum(counts) - counts
-    sample = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
     arrays += [
-        pa.array(np.repeat(segments, counts)),
-        pa.array(np.repeat(offsets, counts)),
-        pa.array(sample.astype(np.int32)),
+        _per_event(segments, counts, parent, dictionary),
+        _per_event(offsets, counts, parent, dictionary),
+        pa.array(_sample_index(counts)),
     ]
-    rows = pa.Table.from_arrays(arrays, schema=plan.arrow_schema)
+    fields = [
+        pa.field(f.name, a.type, nullable=f.nullable)
+        for f, a in zip(plan.arrow_schema, arrays, strict=True)
+    ]
+    rows = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
     ingest = np.asarray(events.ingest_ns, dtype=np.int64)[good]
-    return rows, _event_time(plan, rows, np.repeat(ingest, counts))
+    return rows, _event_time(plan, rows, lambda: np.repeat(ingest, counts))
 
 
-def _column(column: Column, values: list, counts: np.ndarray, parent: np.ndarray) -> pa.Array:
+def _per_event(
+    values: np.ndarray, counts: np.ndarray, parent: np.ndarray, dictionary: bool
+) -> pa.Array:
+    """A value per event, repeated on each of its rows."""
+    if dictionary:
+        return pa.DictionaryArray.from_arrays(pa.array(parent), pa.array(values))
+    if len(values) and (values == values[0]).all():
+        return pa.array(np.full(len(parent), values[0], dtype=values.dtype))
+    return pa.array(np.repeat(values, counts))
+
+
+def _sample_index(counts: np.ndarray) -> np.ndarray:
+    """Each row's index within its event (0, 1, … per event), as int32."""
+    if len(counts) and (counts == counts[0]).all():
+        return np.tile(np.arange(counts[0], dtype=np.int32), len(counts))
+    starts = np.cumsum(counts) - counts
+    index = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
+    return index.astype(np.int32)
+
+
+def _column(
+    column: Column, values: list, counts: np.ndarray, parent: np.ndarray, dictionary: bool
+) -> pa.Array:
     kind = column.arrow_type
     if column.kind == "scalar":
-        return pa.array(values, type=kind).take(pa.array(parent))
+        scalars = pa.array(values, type=kind)
+        if dictionary and not scalars.null_count:
+            return pa.DictionaryArray.from_arrays(pa.array(parent), scalars)
+        return scalars.take(pa.array(parent))
     if column.avro in NUMERIC and not column.path:
         dtype = _NP[column.avro]
         chunks = [
@@ -282,16 +316,18 @@ def _column(column: Column, values: list, counts: np.ndarray, parent: np.ndarray
     return pa.array(flat, type=kind)
 
 
-def _event_time(plan: FlattenPlan, rows: pa.Table, ingest: np.ndarray) -> np.ndarray:
+def _event_time(plan: FlattenPlan, rows: pa.Table, ingest: Callable[[], np.ndarray]) -> np.ndarray:
     """Each row's event time in ns: the plan's time column, else the event's ingest time."""
     if plan.time is None or rows.num_rows == 0:
-        return ingest
+        return ingest()
     column = rows.column(plan.time.name)
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if not column.null_count:
+        return column.to_numpy().astype(np.int64, copy=False) * plan.time.ns_per_unit
     values = column.fill_null(0).to_numpy().astype(np.int64) * plan.time.ns_per_unit
-    if column.null_count:
-        nulls = column.is_null().to_numpy(zero_copy_only=False)
-        values = np.where(nulls, ingest, values)
-    return values
+    nulls = column.is_null().to_numpy(zero_copy_only=False)
+    return np.where(nulls, ingest(), values)
 
 
 def _quarantine(plan: FlattenPlan, events: Events, bad: list[tuple[int, str]]) -> pa.Table:

@@ -79,6 +79,8 @@ class _TaskFiles:
             self._append("quarantine", "", table)
 
     def _append(self, kind: str, bucket: str, table: pa.Table) -> None:
+        if kind in ("csv", "jsonl"):
+            table = _plain(table)
         start = 0
         while start < table.num_rows:
             current = self.open.get((kind, bucket)) or self._start(kind, bucket, table.schema)
@@ -152,15 +154,19 @@ def parquet_options(plan: FlattenPlan) -> dict[str, Any]:
     position): trying dictionaries on per-sample counters costs about half the write time and
     then falls back to plain pages anyway. Delta encoding for the sample index and an integer
     event-time column: their steps are nearly constant, so there is little left to compress.
+    Statistics (min/max) only for the columns queries prune by.
     """
     scalars = [c.name for c in plan.columns if c.kind == "scalar"]
     delta = ["_sample"]
-    if plan.time is not None and plan.time.name not in scalars:
-        delta.append(plan.time.name)
+    time = [plan.time.name] if plan.time is not None else []
+    if time and time[0] not in scalars:
+        delta.append(time[0])
     return {
         "compression": "zstd",
         "use_dictionary": [*scalars, "_segment", "_offset"],
         "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
+        # min/max where queries prune by them: sensor, time, position (not every counter)
+        "write_statistics": [*scalars, *time, "_segment", "_offset"],
     }
 
 
@@ -174,6 +180,15 @@ def _writer(kind: str, path: Path, schema: pa.Schema, plan: FlattenPlan) -> Any:
         options = pacsv.WriteOptions(include_header=True, quoting_style="needed")
         return pacsv.CSVWriter(path, _csv_schema(schema), write_options=options)
     return _JsonLines(path)
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary columns decoded to their values (for the text formats)."""
+    fields = [
+        pa.field(f.name, f.type.value_type, f.nullable) if pa.types.is_dictionary(f.type) else f
+        for f in table.schema
+    ]
+    return table.cast(pa.schema(fields))
 
 
 def _csv_schema(schema: pa.Schema) -> pa.Schema:
@@ -210,7 +225,7 @@ def export_task(opts: ExportOptions, batches: Iterator[pa.RecordBatch]) -> Files
     high: int | None = None
     try:
         for events_chunk in event_chunks(batches):
-            result = flatten(plan, events_chunk)
+            result = flatten(plan, events_chunk, dictionary=True)
             files.write_rows(result.rows, result.time_ns)
             files.write_quarantine(result.quarantine)
             events += result.events

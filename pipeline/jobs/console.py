@@ -24,6 +24,7 @@ from pipeline.jobs.streaming import (
     JobSummary,
     RunOptions,
     await_query,
+    resolve_start,
     source_frame,
     with_trigger,
 )
@@ -76,6 +77,8 @@ def console(
     identity = JobIdentity("console", f"{spec.store}#{spec.stream}", "console")
     root = run.checkpoint or default_checkpoint("console", spec.stream, "console")
     with Checkpoint(root, identity) as checkpoint:
+        new = checkpoint.is_new
+        run = resolve_start(run, spec.store, spec.stream) if new else run
         events = source_frame(spark, spec.store, spec.stream, run)
         writer = (
             events.writeStream.foreachBatch(_printer(spec, out or sys.stdout))
@@ -83,5 +86,7 @@ def console(
             .queryName(f"console {spec.stream}")
         )
         query = with_trigger(writer, run).start()
-        batches = await_query("console", query, run, report)
+        batches = await_query(
+            "console", query, run, report, first_start=run.starting if new else None
+        )
         return JobSummary("console", str(checkpoint.root), batches, {})

@@ -32,6 +32,7 @@ from pipeline.jobs.streaming import (
     JobSummary,
     RunOptions,
     await_query,
+    resolve_start,
     source_frame,
     with_trigger,
 )
@@ -68,6 +69,8 @@ def export(
     identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
     root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
     with Checkpoint(root, identity) as checkpoint:
+        new = checkpoint.is_new
+        run = resolve_start(run, spec.store, spec.stream) if new else run
         # Range rows: each task reads its range from the store and flattens it itself.
         events = source_frame(spark, spec.store, spec.stream, run, emit="ranges")
         writer = (
@@ -83,7 +86,14 @@ def export(
         if spec.time_field is not None:
             writer = writer.option("timeField", spec.time_field)
         query = with_trigger(writer, run).start()
-        batches = await_query("export", query, run, report, checkpoint.ledger_path)
+        batches = await_query(
+            "export",
+            query,
+            run,
+            report,
+            checkpoint.ledger_path,
+            first_start=run.starting if new else None,
+        )
         outputs = {
             "output": str(output),
             "formats": list(spec.formats),

@@ -27,6 +27,7 @@ from pipeline.jobs.streaming import (
     JobSummary,
     RunOptions,
     await_query,
+    resolve_start,
     source_frame,
     with_trigger,
 )
@@ -66,6 +67,8 @@ def mirror(
     identity = JobIdentity("mirror", f"{spec.store}#{spec.stream}", f"{spec.to_store}#{spec.to}")
     root = run.checkpoint or default_checkpoint("mirror", spec.stream, spec.to)
     with Checkpoint(root, identity) as checkpoint:
+        new = checkpoint.is_new
+        run = resolve_start(run, spec.store, spec.stream) if new else run
         ensure_target(spec)
         events = source_frame(spark, spec.store, spec.stream, run).select(
             "payload", "routing_key", "segment", "offset", "ingest_time"
@@ -81,5 +84,12 @@ def mirror(
         if spec.fixed_routing_key is not None:
             writer = writer.option("routingKey", spec.fixed_routing_key)
         query = with_trigger(writer, run).start()
-        batches = await_query("mirror", query, run, report, checkpoint.ledger_path)
+        batches = await_query(
+            "mirror",
+            query,
+            run,
+            report,
+            checkpoint.ledger_path,
+            first_start=run.starting if new else None,
+        )
         return JobSummary("mirror", str(checkpoint.root), batches, {"stream": spec.to})

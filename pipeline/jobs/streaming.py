@@ -17,7 +17,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -131,6 +131,17 @@ def source_frame(
     return reader.load()
 
 
+def resolve_start(run: RunOptions, store: str, stream: str) -> RunOptions:
+    """`--from head|tail` as the cut it stands for now, so reports can name it."""
+    if run.starting.lower() not in ("head", "tail", "latest"):
+        return run
+    from pipeline.streams import open_store
+
+    with open_store(store) as opened:
+        cut = opened.head(stream) if run.starting.lower() == "head" else opened.tail(stream)
+    return replace(run, starting=cut.text)
+
+
 def with_trigger(writer: DataStreamWriter, run: RunOptions) -> DataStreamWriter:
     if run.mode == "available-now":
         return writer.trigger(availableNow=True)
@@ -143,20 +154,24 @@ def await_query(
     run: RunOptions,
     report: Callable[[BatchReport], None],
     ledger: Path | None = None,
+    *,
+    first_start: str | None = None,
 ) -> tuple[BatchReport, ...]:
-    """Wait for the query, reporting each batch; stop it on Ctrl-C or `stop_after_seconds`."""
+    """Wait for the query, reporting each batch; stop it on Ctrl-C or `stop_after_seconds`.
+
+    `first_start` names the start of a new checkpoint's first batch (Spark reports none)."""
     seen: dict[int, BatchReport] = {}
     started = time.monotonic()
     try:
         while not query.awaitTermination(0.5):
-            _collect(job, query, ledger, seen, report)
+            _collect(job, query, (ledger, first_start), seen, report)
             if run.stop_after_seconds and time.monotonic() - started > run.stop_after_seconds:
                 query.stop()
     except KeyboardInterrupt:
         query.stop()
     except Exception as exc:  # StreamingQueryException: the query died
         raise JobFailed(job, _first_line(exc)) from exc
-    _collect(job, query, ledger, seen, report)
+    _collect(job, query, (ledger, first_start), seen, report)
     return tuple(seen[k] for k in sorted(seen))
 
 
@@ -180,10 +195,11 @@ def _first_line(exc: BaseException) -> str:
 def _collect(
     job: str,
     query: StreamingQuery,
-    ledger: Path | None,
+    context: tuple[Path | None, str | None],
     seen: dict[int, BatchReport],
     report: Callable[[BatchReport], None],
 ) -> None:
+    ledger, first_start = context
     for progress in query.recentProgress:
         batch_id = int(progress["batchId"])
         if batch_id in seen or not progress["sources"]:
@@ -192,6 +208,7 @@ def _collect(
         start, end = _cut(source.get("startOffset")), _cut(source.get("endOffset"))
         if start is not None and start == end:
             continue  # an idle trigger: no batch ran
+        start = start or first_start
         stats = _ledger_stats(ledger, batch_id)
         # A sink that reads the store itself (export) gets range rows: its ledger counts events.
         events = int(stats.get("events", progress["numInputRows"]))

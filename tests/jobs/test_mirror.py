@@ -51,6 +51,7 @@ def test_mirror_into_another_store_with_a_fixed_routing_key(
         [w.payload for w in written]
     )
     reports = summary["reports"]
+    assert reports[0]["start_cut"] == edge.head("edge/network").text
     assert all(r["rows"] == r["events"] for r in reports)
     assert reports[1]["start_cut"] == reports[0]["end_cut"]
 

@@ -254,3 +254,14 @@ def test_continuous_export_publishes_a_new_set_of_files_per_trigger(
     batches = {p.name.split("-")[1] for p in (tmp_path / "out").glob("parquet/**/*.parquet")}
     assert len(batches) == len(summary.batches)
     assert parquet_count(tmp_path / "out") == summary.rows
+
+
+def test_bad_schema_or_format_is_one_line_before_spark_starts(store, store_dir, tmp_path, capsys):
+    store.create_stream("edge/network", segments=1)
+    base = ["--store", f"embedded:{store_dir}", "run", "export", "--stream", "edge/network"]
+    base += ["--output", str(tmp_path / "out")]
+    assert cli.main([*base, "--schema", "NoSuchSchema"]) == 1
+    err = capsys.readouterr().err
+    assert "NetworkSamples" in err and len(err.strip().splitlines()) == 1
+    assert cli.main([*base, "--schema", "NetworkSamples", "--format", "parquet,xml"]) == 1
+    assert "choose from parquet, csv, jsonl" in capsys.readouterr().err

@@ -70,9 +70,8 @@ def mirror(
         new = checkpoint.is_new
         run = resolve_start(run, spec.store, spec.stream) if new else run
         ensure_target(spec)
-        events = source_frame(spark, spec.store, spec.stream, run).select(
-            "payload", "routing_key", "segment", "offset", "ingest_time"
-        )
+        # Range rows: each task copies its range from the source store itself.
+        events = source_frame(spark, spec.store, spec.stream, run, emit="ranges")
         writer = (
             events.writeStream.format("sluice")
             .option("store", spec.to_store)

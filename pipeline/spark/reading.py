@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 
 from pipeline.spark.errors import OptionError
 from pipeline.spark.options import SOURCE, SourceOptions
-from pipeline.streams import InvalidCut, StreamCut, StreamStore, open_store, parse_stream
+from pipeline.streams import Event, InvalidCut, StreamCut, StreamStore, open_store, parse_stream
 
 EVENT_SCHEMA = (
     "stream string, segment int, offset long, end_offset long, routing_key string, "
@@ -139,29 +139,33 @@ def read_partition(part: SegmentRange, emit: str) -> Iterator[pa.RecordBatch]:
 def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     """The events of one range as Arrow batches of the source's schema (executor side)."""
     with open_store(part.store) as store:
-        columns: list[list] = [[] for _ in ARROW_SCHEMA]
+        batch: list[Event] = []
         size = 0
         for event in store.read_segment(part.stream, part.segment, part.start, part.end):
-            for column, value in zip(
-                columns,
-                (
-                    event.stream,
-                    event.segment,
-                    event.offset,
-                    event.end_offset,
-                    event.routing_key,
-                    event.payload,
-                    event.ingest_time_ns // 1000,
-                ),
-                strict=True,
-            ):
-                column.append(value)
+            batch.append(event)
             size += len(event.payload)
-            if len(columns[0]) >= BATCH_EVENTS or size >= BATCH_BYTES:
-                yield pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-                columns, size = [[] for _ in ARROW_SCHEMA], 0
-        if columns[0]:
-            yield pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+            if len(batch) >= BATCH_EVENTS or size >= BATCH_BYTES:
+                yield _record_batch(part, batch)
+                batch, size = [], 0
+        if batch:
+            yield _record_batch(part, batch)
+
+
+def _record_batch(part: SegmentRange, events: list[Event]) -> pa.RecordBatch:
+    count = len(events)
+    # Timestamps are built from int64 values: converting Python ints to a time-zoned
+    # timestamp type makes pyarrow import pandas (seconds, once per worker).
+    ingest = pa.array([e.ingest_time_ns // 1000 for e in events], pa.int64())
+    columns = [
+        pa.array([part.stream] * count, pa.string()),
+        pa.array([part.segment] * count, pa.int32()),
+        pa.array([e.offset for e in events], pa.int64()),
+        pa.array([e.end_offset for e in events], pa.int64()),
+        pa.array([e.routing_key for e in events], pa.string()),
+        pa.array([e.payload for e in events], pa.binary()),
+        ingest.view(pa.timestamp("us", tz="UTC")),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 class SluiceBatchReader(DataSourceReader):

@@ -3,7 +3,9 @@
 Rows need a `payload` column (binary or string); a `routing_key` column routes each row, or
 the `routingKey` option gives every row one fixed key (one per edge site). When the rows come
 from the `sluice` source, its `segment`/`offset` columns order the commit and its
-`ingest_time` becomes the transaction's time bounds.
+`ingest_time` becomes the transaction's time bounds. Range rows of the source
+(`emit=ranges`) are copied by the task itself, event by event from the source store, so the
+payloads never pass through the JVM (the mirror job does this).
 
 How a micro-batch lands, exactly once:
 
@@ -89,19 +91,45 @@ class _TaskWriter:
         self.t_min: int | None = None
         self.t_max: int | None = None
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows == 0:
-            return
+    def _transaction(self) -> Transaction:
         if self.txn is None:
             self.txn = self.store.begin_transaction(self.opts.stream)
             self._mark(self.txn.txn_id)
+        return self.txn
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if "payload" not in batch.schema.names and "start" in batch.schema.names:
+            for row in batch.to_pylist():
+                self.write_range(row)
+            return
+        txn = self._transaction()
         payloads = _payloads(batch)
         keys = self._keys(batch)
         for payload, key in zip(payloads, keys, strict=True):
-            self.txn.write(payload, key)
+            txn.write(payload, key)
             self.bytes += len(payload)
         self.events += batch.num_rows
         self._track(batch)
+
+    def write_range(self, row: dict) -> None:
+        """A range row of the `sluice` source (`emit=ranges`): copy its events from the
+        source store straight into the transaction, in order."""
+        if self.order is None:
+            self.order = (row["segment"], row["start"])
+        fixed = self.opts.routing_key
+        with open_store(row["store"]) as source:
+            events = source.read_segment(row["stream"], row["segment"], row["start"], row["end"])
+            for event in events:
+                self._transaction().write(event.payload, fixed or event.routing_key)
+                self.events += 1
+                self.bytes += len(event.payload)
+                self._time(event.ingest_time_ns, event.ingest_time_ns)
+
+    def _time(self, low: int, high: int) -> None:
+        self.t_min = low if self.t_min is None else min(self.t_min, low)
+        self.t_max = high if self.t_max is None else max(self.t_max, high)
 
     def _keys(self, batch: pa.RecordBatch) -> list[str | None]:
         if self.opts.routing_key is not None:
@@ -122,8 +150,7 @@ class _TaskWriter:
             unit = 1000 if pa.types.is_timestamp(batch.schema.field("ingest_time").type) else 1
             low, high = pc.min(times).as_py(), pc.max(times).as_py()
             if low is not None:
-                self.t_min = min(self.t_min or low * unit, low * unit)
-                self.t_max = max(self.t_max or high * unit, high * unit)
+                self._time(low * unit, high * unit)
 
     def _mark(self, txn_id: str) -> None:
         directory = _marker_dir(self.opts)

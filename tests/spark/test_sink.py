@@ -16,7 +16,7 @@ def payloads(store, stream) -> list[bytes]:
     return [e.payload for e in store.read(stream)]
 
 
-def start_copy(spark, store_uri, source, target, checkpoint, **sink):
+def start_copy(spark, store_uri, source, target, *, checkpoint, emit="events", **sink):
     events = (
         spark.readStream.format("sluice")
         .option("store", store_uri)
@@ -24,9 +24,11 @@ def start_copy(spark, store_uri, source, target, checkpoint, **sink):
         .option("maxEventsPerTrigger", "60")
         .option("minSplitBytes", "256")
         .option("minPartitions", "4")
+        .option("emit", emit)
         .load()
-        .select("payload", "routing_key", "segment", "offset", "ingest_time")
     )
+    if emit == "events":
+        events = events.select("payload", "routing_key", "segment", "offset", "ingest_time")
     writer = (
         events.writeStream.format("sluice")
         .option("store", store_uri)
@@ -53,17 +55,19 @@ def forget_commit(checkpoint, batch_id: int) -> None:
     (checkpoint / "commits" / f".{batch_id}.crc").unlink(missing_ok=True)
 
 
-def test_a_batch_spark_replays_after_a_crash_is_a_noop(spark, store, store_uri, source, tmp_path):
+@pytest.mark.parametrize("emit", ["events", "ranges"])
+def test_a_batch_spark_replays_after_a_crash_is_a_noop(spark, store, source, tmp_path, emit):
+    store_uri = store.uri
     written = fill(store, source, 200)
     checkpoint = tmp_path / "ck"
-    start_copy(spark, store_uri, source, "test/copy", checkpoint)
+    start_copy(spark, store_uri, source, "test/copy", checkpoint=checkpoint, emit=emit)
     assert sorted(payloads(store, "test/copy")) == sorted(w.payload for w in written)
 
     # The driver died after the sink committed batch N but before Spark logged it as done:
     # on restart Spark runs batch N again, over the same cuts.
     replayed = last_commit(checkpoint)
     forget_commit(checkpoint, replayed)
-    start_copy(spark, store_uri, source, "test/copy", checkpoint)
+    start_copy(spark, store_uri, source, "test/copy", checkpoint=checkpoint, emit=emit)
     assert last_commit(checkpoint) == replayed
     assert sorted(payloads(store, "test/copy")) == sorted(w.payload for w in written)
 
@@ -73,24 +77,34 @@ def test_a_batch_recorded_but_not_marked_done_is_committed_again_harmlessly(
 ):
     written = fill(store, source, 150)
     checkpoint = tmp_path / "ck"
-    start_copy(spark, store_uri, source, "test/copy", checkpoint)
+    start_copy(spark, store_uri, source, "test/copy", checkpoint=checkpoint)
     replayed = last_commit(checkpoint)
     # Crash between committing the store transactions and marking the batch done.
     with sqlite3.connect(checkpoint / "sluice-sink.sqlite") as db:
         db.execute("UPDATE batches SET state='intent', stats=NULL WHERE batch_id=?", (replayed,))
     forget_commit(checkpoint, replayed)
-    start_copy(spark, store_uri, source, "test/copy", checkpoint)
+    start_copy(spark, store_uri, source, "test/copy", checkpoint=checkpoint)
     assert sorted(payloads(store, "test/copy")) == sorted(w.payload for w in written)
     with BatchLedger(checkpoint / "sluice-sink.sqlite") as ledger:
         assert ledger.get(replayed).state == "done"
 
 
+@pytest.mark.parametrize("emit", ["events", "ranges"])
 def test_per_key_order_is_kept_across_split_ranges_and_a_fixed_key(
-    spark, store, store_uri, source, tmp_path
+    spark, store, source, tmp_path, emit
 ):
+    store_uri = store.uri
     for i in range(6):
         fill(store, source, 40, keys=5, first=40 * i)
-    start_copy(spark, store_uri, source, "test/site", tmp_path / "ck", routingKey="site-1")
+    start_copy(
+        spark,
+        store_uri,
+        source,
+        "test/site",
+        checkpoint=tmp_path / "ck",
+        emit=emit,
+        routingKey="site-1",
+    )
     copied = list(store.read("test/site"))
     assert {e.routing_key for e in copied} == {"site-1"}
     assert len({e.segment for e in copied}) == 1
@@ -102,7 +116,7 @@ def test_per_key_order_is_kept_across_split_ranges_and_a_fixed_key(
 
 def test_routing_keys_are_kept_without_a_fixed_key(spark, store, store_uri, source, tmp_path):
     fill(store, source, 90, keys=3)
-    start_copy(spark, store_uri, source, "test/copy", tmp_path / "ck")
+    start_copy(spark, store_uri, source, "test/copy", checkpoint=tmp_path / "ck")
     by_key = {(e.routing_key, e.payload) for e in store.read("test/copy")}
     assert by_key == {(e.routing_key, e.payload) for e in store.read(source)}
 
@@ -166,7 +180,7 @@ def test_transactions_orphaned_by_dead_tasks_are_aborted_by_the_next_commit(
     orphan.flush()
     (checkpoint / "sluice-sink.sqlite.open").mkdir()
     (checkpoint / "sluice-sink.sqlite.open" / orphan.txn_id).touch()
-    start_copy(spark, store_uri, source, "test/copy", checkpoint)
+    start_copy(spark, store_uri, source, "test/copy", checkpoint=checkpoint)
     assert store.get_transaction("test/copy", orphan.txn_id).state() == "aborted"
     assert b"from a task that died" not in payloads(store, "test/copy")
     assert not any((checkpoint / "sluice-sink.sqlite.open").iterdir())
@@ -192,7 +206,9 @@ def test_per_key_order_survives_a_scaled_source(spark, store, store_uri, tmp_pat
     fill(store, "test/scaled", 120, keys=6)
     store.scale("test/scaled", [0], [(0.0, 0.5), (0.5, 1.0)])
     fill(store, "test/scaled", 120, keys=6, first=120)
-    start_copy(spark, store_uri, "test/scaled", "test/copy", tmp_path / "ck", routingKey="one")
+    start_copy(
+        spark, store_uri, "test/scaled", "test/copy", checkpoint=tmp_path / "ck", routingKey="one"
+    )
     copied = [e.payload for e in store.read("test/copy")]
     assert len(copied) == 240
     sequences = per_key_sequences(copied)

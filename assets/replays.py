@@ -27,7 +27,7 @@ from dagster import AssetExecutionContext
 
 from assets.cuts import cut_range_metadata
 from assets.slices import slice_partitions, slices_key
-from assets.streaming import column_schema
+from assets.streaming import SPARK_RETRY, column_schema
 from pipeline.jobs.replay import (
     Model,
     ReplayResult,
@@ -132,6 +132,7 @@ def replay_asset(
         partitions_def=slice_partitions(family),
         group_name=family.name,
         kinds={"spark", "pandas"},
+        retry_policy=SPARK_RETRY,
         code_version=model.version,
         check_specs=[
             dg.AssetCheckSpec(

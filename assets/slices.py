@@ -16,7 +16,14 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from assets.streaming import catch_up, mirror_key, pool, run_metadata, skipped_observation
+from assets.streaming import (
+    SPARK_RETRY,
+    catch_up,
+    mirror_key,
+    pool,
+    run_metadata,
+    skipped_observation,
+)
 from pipeline.jobs.bookmark import BookmarkSpec, Condition, bookmark, threshold
 from pipeline.jobs.checkpoint import default_checkpoint
 from pipeline.jobs.slices import SliceRecord, format_ns, list_slices
@@ -95,6 +102,7 @@ def slices_asset(family: StreamFamily, cloud_uri: str) -> dg.AssetsDefinition:
         group_name=family.name,
         kinds={"spark", "sluice"},
         pool=pool("bookmark", family),
+        retry_policy=SPARK_RETRY,
         output_required=False,
         description=f"Slices of {family.mirror_stream} where {spec.reason} (per sensor: "
         f"{spec.sensor_by}), recorded in {spec.slices_stream}. Each slice is a partition of "

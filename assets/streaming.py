@@ -48,6 +48,12 @@ def export_key(family: StreamFamily, fmt: str) -> dg.AssetKey:
     return dg.AssetKey([family.name, f"{fmt}_export"])
 
 
+#: Spark steps are exactly-once (mirror, export, slices) or deterministic (replays), so a step
+#: that failed for a transient reason (a Python worker that did not connect back on a loaded
+#: machine, a lost executor) is safe to run again from its checkpoint.
+SPARK_RETRY = dg.RetryPolicy(max_retries=2, delay=5)
+
+
 def pool(job: str, family: StreamFamily) -> str:
     """The concurrency pool of `job` for `family` (one slot: see assets/instance.py)."""
     return f"sluice_{job}_{family.name}"
@@ -198,6 +204,7 @@ def mirror_asset(family: StreamFamily, jobs: FamilyJobs) -> dg.AssetsDefinition:
         group_name=family.name,
         kinds={"spark", "sluice"},
         pool=pool("mirror", family),
+        retry_policy=SPARK_RETRY,
         output_required=False,
         description=f"{family.stream} mirrored into {family.mirror_stream} (store "
         f"`{family.mirror_store}`), exactly once. Runs until caught up; or run it as a "
@@ -296,6 +303,7 @@ def export_assets(family: StreamFamily, jobs: FamilyJobs) -> dg.AssetsDefinition
         specs=specs,
         name=f"export_{family.name}",
         pool=pool("export", family),
+        retry_policy=SPARK_RETRY,
         can_subset=False,
         description=f"Export {family.mirror_stream}; or run it as a service: `{service}`",
     )

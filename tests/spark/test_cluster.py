@@ -11,79 +11,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import duckdb
-import pyspark
 import pytest
 
 from tests.spark.killing import ROOT
+from tests.spark.standalone import standalone_cluster, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
-
-SPARK_HOME = Path(pyspark.__file__).parent
-DAEMON = SPARK_HOME / "sbin" / "spark-daemon.sh"
-MASTER_CLASS = "org.apache.spark.deploy.master.Master"
-WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(url: str, ready, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                last = json.load(response)
-            if ready(last):
-                return last
-        except OSError as exc:
-            last = exc
-        time.sleep(1)
-    msg = f"{url} not ready after {timeout} s: {last}"
-    raise AssertionError(msg)
 
 
 @pytest.fixture
 def cluster(tmp_path) -> Iterator[tuple[str, str]]:
-    """A standalone master and one 2-core worker; yields (master URL, master web UI URL)."""
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_LOG_DIR": str(tmp_path / "spark-logs"),
-        "SPARK_PID_DIR": str(tmp_path / "spark-pids"),
-        "SPARK_WORKER_DIR": str(tmp_path / "spark-work"),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_IDENT_STRING": f"sluice-test-{os.getpid()}",
-    }
-    port, ui, worker_ui = free_port(), free_port(), free_port()
-    master = f"spark://127.0.0.1:{port}"
-    daemon = ["bash", str(DAEMON)]
-    master_args = ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)]
-    worker_args = ["--host", "127.0.0.1", "--cores", "2", "--memory", "2g"]
-    worker_args += ["--webui-port", str(worker_ui), master]
-    subprocess.run([*daemon, "start", MASTER_CLASS, "1", *master_args], env=env, check=True)
-    try:
-        subprocess.run([*daemon, "start", WORKER_CLASS, "1", *worker_args], env=env, check=True)
-        try:
-            url = f"http://127.0.0.1:{ui}/json/"
-            wait_for(url, lambda state: state.get("aliveworkers", 0) >= 1)
-            yield master, url
-        finally:
-            subprocess.run([*daemon, "stop", WORKER_CLASS, "1"], env=env, check=False)
-    finally:
-        subprocess.run([*daemon, "stop", MASTER_CLASS, "1"], env=env, check=False)
+    """A standalone master and one 2-core worker; yields (master URL, master status URL)."""
+    with standalone_cluster(tmp_path / "cluster", workers=1, cores_per_worker=2) as running:
+        yield running.master, running.status_url
 
 
 def test_export_runs_on_a_standalone_cluster(cluster, store, store_dir, tmp_path):

@@ -27,6 +27,14 @@ def start_worker(store_dir, stream, name, mode, state_dir) -> subprocess.Popen:
     return subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
 
 
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (a process of its own, as a crashed writer was)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+
+
 def check_stream(store_dir, stream, names, state_dir) -> None:
     """Reopen the store (repairing torn tails) and check every writer's events."""
     from tests.reliability.store_worker import payload
@@ -105,13 +113,8 @@ def test_transaction_looked_up_after_restart(tmp_path):
         "[t.write(f'e{i}'.encode(), routing_key=f'k{i}') for i in range(10)]; t.flush();"
         "print(t.txn_id)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
     txn_id = out.stdout.strip()
     with open_store(f"embedded:{store_dir}") as store:
         assert list(store.read("crash/txn")) == []
@@ -135,13 +138,7 @@ def test_crash_between_segments_of_a_commit_rolls_forward(tmp_path):
         "[x.write(f'e{i}'.encode(), routing_key=f'k{i}') for i in range(40)];"
         "print(x.txn_id, flush=True); x.commit()"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    out = run_python(code)
     assert out.returncode == 9, out.stderr
     txn_id = out.stdout.strip()
     with open_store(f"embedded:{store_dir}") as store:

@@ -115,6 +115,15 @@ class Catalog:
         rows = self.query(sql, params)
         return rows[0] if rows else None
 
+    def index_query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """Read the block index and writer positions (the NORMAL-sync connection)."""
+        with self._lock:
+            return self.index.execute(sql, params).fetchall()
+
+    def index_query_one(self, sql: str, params: tuple = ()) -> tuple | None:
+        rows = self.index_query(sql, params)
+        return rows[0] if rows else None
+
     def close(self) -> None:
         with self._lock:
             self.meta.close()

@@ -29,18 +29,21 @@ class EmbeddedWriter(EventWriter):
         self._active = store.segments(row, active_only=True)
         self._pending: dict[int, list[Pending]] = defaultdict(list)
         self._pending_bytes = 0
-        self._last = self.last_event_number() if writer_id is not None else 0
+        self._last = self._stored_last()
 
     def last_event_number(self) -> int:
+        return max(self._stored_last(), self._last)
+
+    def _stored_last(self) -> int:
+        """The highest number the store holds for this writer id, over all segments."""
         if self.writer_id is None:
             return 0
-        with self.store.catalog._lock:
-            self.store.tail(self.row.qualified)  # index what crashed writers left unindexed
-            found = self.store.catalog.index.execute(
-                "SELECT MAX(last_event_number) FROM writers WHERE stream_id=? AND writer_id=?",
-                (self.row.id, self.writer_id),
-            ).fetchone()
-        return max(found[0] or 0, getattr(self, "_last", 0))
+        self.store.tail(self.row.qualified)  # index what crashed writers left unindexed
+        found = self.store.catalog.index_query_one(
+            "SELECT MAX(last_event_number) FROM writers WHERE stream_id=? AND writer_id=?",
+            (self.row.id, self.writer_id),
+        )
+        return found[0] or 0
 
     def write(
         self, payload: bytes, routing_key: str | None = None, event_number: int | None = None

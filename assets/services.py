@@ -21,6 +21,7 @@ import dagster as dg
 from assets.cuts import cut_range_metadata, metadata_text
 from assets.progress import batch_end_cut, committed_progress, ledger_totals
 from assets.sensors import UNFINISHED
+from pipeline.jobs.checkpoint import recorded_start
 from pipeline.streams import StreamCut
 
 
@@ -60,7 +61,11 @@ def progress_events(
     after = min(last_reported_batch(instance, key) for key in watched.keys)
     if progress.batch_id <= after:
         return []
-    start: StreamCut | str = batch_end_cut(watched.checkpoint, after) if after >= 0 else "head"
+    start: StreamCut | str | None = (
+        batch_end_cut(watched.checkpoint, after)
+        if after >= 0
+        else recorded_start(watched.checkpoint)
+    )
     totals = ledger_totals(watched.checkpoint, after, progress.batch_id)
     metadata: dict[str, Any] = {
         **cut_range_metadata(start, progress.end_cut),

@@ -2,6 +2,8 @@
 
     <checkpoint>/
       job.json        which job this checkpoint belongs to (JobIdentity, versioned)
+      start_cut       the cut its first batch started from (`--from` resolved; Spark's own
+                      logs name no start for batch 0)
       run.lock        held (flock) by the one run using the checkpoint; holds its pid
       spark/          Spark's own checkpoint (offsets = stream cuts, commits)
       ledger.sqlite   the sink's batch ledger (pipeline/spark/ledger.py)
@@ -95,6 +97,18 @@ class Checkpoint:
         return self.root / "ledger.sqlite"
 
     @property
+    def start_cut(self) -> str | None:
+        """The cut the checkpoint's first batch started from, once recorded."""
+        return recorded_start(self.root)
+
+    def record_start(self, cut: str) -> None:
+        """Remember where a new checkpoint starts, before its first batch is planned."""
+        path = self.root / "start_cut"
+        temp = path.with_suffix(".tmp")
+        temp.write_text(cut + "\n")
+        os.replace(temp, path)
+
+    @property
     def is_new(self) -> bool:
         """True before the first batch was planned (Spark has no offsets yet)."""
         offsets = self.spark_dir / "offsets"
@@ -145,3 +159,11 @@ class Checkpoint:
         temp = path.with_suffix(".json.tmp")
         temp.write_text(json.dumps(asdict(self.identity), indent=2) + "\n")
         os.replace(temp, path)
+
+
+def recorded_start(root: Path) -> str | None:
+    """The start cut recorded in the checkpoint at `root` (None for one made before it was)."""
+    try:
+        return (root / "start_cut").read_text().strip() or None
+    except FileNotFoundError:
+        return None

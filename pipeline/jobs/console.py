@@ -77,8 +77,7 @@ def console(
     identity = JobIdentity("console", f"{spec.store}#{spec.stream}", "console")
     root = run.checkpoint or default_checkpoint("console", spec.stream, "console")
     with Checkpoint(root, identity) as checkpoint:
-        new = checkpoint.is_new
-        run = resolve_start(run, spec.store, spec.stream) if new else run
+        run = resolve_start(checkpoint, run, spec.store, spec.stream)
         events = source_frame(spark, spec.store, spec.stream, run)
         writer = (
             events.writeStream.foreachBatch(_printer(spec, out or sys.stdout))
@@ -86,7 +85,5 @@ def console(
             .queryName(f"console {spec.stream}")
         )
         query = with_trigger(writer, run).start()
-        batches = await_query(
-            "console", query, run, report, first_start=run.starting if new else None
-        )
+        batches = await_query("console", query, run, report, first_start=checkpoint.start_cut)
         return JobSummary("console", str(checkpoint.root), batches, {})

@@ -69,8 +69,7 @@ def export(
     identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
     root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
     with Checkpoint(root, identity) as checkpoint:
-        new = checkpoint.is_new
-        run = resolve_start(run, spec.store, spec.stream) if new else run
+        run = resolve_start(checkpoint, run, spec.store, spec.stream)
         # Range rows: each task reads its range from the store and flattens it itself.
         events = source_frame(spark, spec.store, spec.stream, run, emit="ranges")
         writer = (
@@ -92,7 +91,7 @@ def export(
             run,
             report,
             checkpoint.ledger_path,
-            first_start=run.starting if new else None,
+            first_start=checkpoint.start_cut,
         )
         outputs = {
             "output": str(output),

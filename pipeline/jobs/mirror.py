@@ -67,8 +67,7 @@ def mirror(
     identity = JobIdentity("mirror", f"{spec.store}#{spec.stream}", f"{spec.to_store}#{spec.to}")
     root = run.checkpoint or default_checkpoint("mirror", spec.stream, spec.to)
     with Checkpoint(root, identity) as checkpoint:
-        new = checkpoint.is_new
-        run = resolve_start(run, spec.store, spec.stream) if new else run
+        run = resolve_start(checkpoint, run, spec.store, spec.stream)
         ensure_target(spec)
         # Range rows: each task copies its range from the source store itself.
         events = source_frame(spark, spec.store, spec.stream, run, emit="ranges")
@@ -89,6 +88,6 @@ def mirror(
             run,
             report,
             checkpoint.ledger_path,
-            first_start=run.starting if new else None,
+            first_start=checkpoint.start_cut,
         )
         return JobSummary("mirror", str(checkpoint.root), batches, {"stream": spec.to})

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+    from pipeline.jobs.checkpoint import Checkpoint
+
 Mode = Literal["available-now", "continuous"]
 
 
@@ -131,15 +133,20 @@ def source_frame(
     return reader.load()
 
 
-def resolve_start(run: RunOptions, store: str, stream: str) -> RunOptions:
-    """`--from head|tail` as the cut it stands for now, so reports can name it."""
-    if run.starting.lower() not in ("head", "tail", "latest"):
+def resolve_start(checkpoint: Checkpoint, run: RunOptions, store: str, stream: str) -> RunOptions:
+    """On a new checkpoint, `--from head|tail` as the cut it stands for now, recorded in the
+    checkpoint so that every report of its first batch can name where it began."""
+    if not checkpoint.is_new:
         return run
-    from pipeline.streams import open_store
+    start = run.starting
+    if start.lower() in ("head", "tail", "latest"):
+        from pipeline.streams import open_store
 
-    with open_store(store) as opened:
-        cut = opened.head(stream) if run.starting.lower() == "head" else opened.tail(stream)
-    return replace(run, starting=cut.text)
+        with open_store(store) as opened:
+            cut = opened.head(stream) if start.lower() == "head" else opened.tail(stream)
+        start = cut.text
+    checkpoint.record_start(start)
+    return replace(run, starting=start)
 
 
 def with_trigger(writer: DataStreamWriter, run: RunOptions) -> DataStreamWriter:
@@ -159,7 +166,7 @@ def await_query(
 ) -> tuple[BatchReport, ...]:
     """Wait for the query, reporting each batch; stop it on Ctrl-C or `stop_after_seconds`.
 
-    `first_start` names the start of a new checkpoint's first batch (Spark reports none)."""
+    `first_start` names the start of a checkpoint's first batch (Spark reports none)."""
     seen: dict[int, BatchReport] = {}
     started = time.monotonic()
     try:

@@ -100,3 +100,8 @@ def materialized(result: dg.ExecuteInProcessResult) -> dict[str, dict]:
 def tail_text(uri: str, stream: str) -> str:
     with open_store(uri) as store:
         return store.tail(stream).text
+
+
+def head_text(uri: str, stream: str) -> str:
+    with open_store(uri) as store:
+        return store.head(stream).text

@@ -14,7 +14,7 @@ from assets.sensors import evaluate_tails
 from assets.services import evaluate_services
 from pipeline.jobs.mirror import mirror
 from pipeline.jobs.streaming import RunOptions
-from tests.dagster.conftest import samples, tail_text, write_events
+from tests.dagster.conftest import head_text, samples, tail_text, write_events
 
 
 def tails(context, settings) -> dg.SensorResult:
@@ -77,7 +77,11 @@ def test_service_progress_becomes_materializations(settings, spark):
         (reported,) = evaluate_services(context, watched).asset_events
         meta = {k: v.value for k, v in reported.metadata.items()}
         first_end = tail_text(net.store_uri, net.stream)
-        assert (meta["start_cut"], meta["end_cut"], meta["events"]) == ("head", first_end, 4)
+        assert (meta["start_cut"], meta["end_cut"], meta["events"]) == (
+            head_text(net.store_uri, net.stream),
+            first_end,
+            4,
+        )
         assert meta["last_batch"] == 0
         assert "service" in meta["reported_by"]
         instance.report_runless_asset_event(reported)  # as the daemon stores a sensor's events

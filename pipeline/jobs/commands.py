@@ -1,7 +1,7 @@
 """`sluice run <job> …`: the streaming jobs on the command line.
 
     sluice run mirror  --stream SCOPE/STREAM --to SCOPE/STREAM [--to-store URI]
-                       [--fixed-routing-key K]
+                       [--fixed-routing-key K] [--commit-mode auto|tasks|driver]
     sluice run export  --stream SCOPE/STREAM --schema FILE.avsc|NAME --output DIR
                        [--format parquet,csv,jsonl]
     sluice run console --stream SCOPE/STREAM
@@ -184,6 +184,13 @@ def register_builtin(jobs: argparse._SubParsersAction, common: argparse.Argument
     mirror.add_argument("--to", required=True, help="target SCOPE/STREAM")
     mirror.add_argument("--to-store", metavar="URI", help="target store (default: --store)")
     mirror.add_argument("--fixed-routing-key", metavar="KEY", help="one routing key for all")
+    mirror.add_argument(
+        "--commit-mode",
+        choices=("auto", "tasks", "driver"),
+        default="auto",
+        help="who writes the target's transactions: tasks (needs a store that can flush one), "
+        "driver (Pravega; or a target only the driver can reach), auto (by the target; default)",
+    )
     mirror.set_defaults(func=_run_mirror)
 
     export = jobs.add_parser("export", parents=[common], help="flatten a stream into files")
@@ -205,7 +212,14 @@ def _run_mirror(args: argparse.Namespace) -> int:
     from pipeline.jobs.mirror import MirrorSpec, mirror
 
     store = store_uri(args)
-    spec = MirrorSpec(args.stream, args.to, store, args.to_store or store, args.fixed_routing_key)
+    spec = MirrorSpec(
+        args.stream,
+        args.to,
+        store,
+        args.to_store or store,
+        args.fixed_routing_key,
+        commit_mode=args.commit_mode,
+    )
     run = run_options(args)
     check_stream(store, args.stream)
     return print_summary(mirror(job_session(), spec, run, report=print_report))

@@ -13,6 +13,11 @@ Delivery: **exactly-once**. The `sluice` source replays a batch over the same cu
 next to the checkpoint, so a batch Spark re-runs after a crash is committed once
 (`pipeline/spark/writing.py`). Per-key order holds because a key lives in one source
 segment and the sink commits each batch's ranges in (segment, offset) order.
+
+`commit_mode` says who writes into the target: `tasks` (each task copies its ranges into its
+own transaction; the target must be able to flush one, as the embedded store can), `driver`
+(the driver copies the whole batch into one transaction: for Pravega, whose client cannot
+flush, and for a target that only the driver can reach), or `auto` (by the target's features).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from pipeline.streams import open_store
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pipeline.spark.options import CommitMode
+
 
 @dataclass(frozen=True, slots=True)
 class MirrorSpec:
@@ -46,6 +53,7 @@ class MirrorSpec:
     store: str
     to_store: str
     fixed_routing_key: str | None = None
+    commit_mode: CommitMode = "auto"
 
 
 def ensure_target(spec: MirrorSpec) -> None:
@@ -79,6 +87,7 @@ def mirror(
             .option("checkpointLocation", str(checkpoint.spark_dir))
             .queryName(f"mirror {spec.stream} -> {spec.to}")
         )
+        writer = writer.option("commitMode", spec.commit_mode)
         if spec.fixed_routing_key is not None:
             writer = writer.option("routingKey", spec.fixed_routing_key)
         query = with_trigger(writer, run).start()

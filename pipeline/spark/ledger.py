@@ -10,9 +10,12 @@ A sink's driver-side commit of batch N goes through three durable steps:
    step of publishing is idempotent, so repeating it after a crash is harmless;
 3. `finish(N, stats)` marks the batch done.
 
-A re-run of a batch that is `done` publishes nothing. The file lives next to the Spark
-checkpoint (one per job), uses WAL with `synchronous=FULL`, so a step that returned survives a
-`kill -9` and a power cut.
+A re-run of a batch that is `done` publishes nothing. A sink that writes the batch itself on
+the driver (`writing.py`, `commitMode=driver`) records each attempt with `attempt(N, plan)`
+instead: the latest attempt's transaction is the one that may have been published.
+
+The file lives next to the Spark checkpoint (one per job), uses WAL with `synchronous=FULL`,
+so a step that returned survives a `kill -9` and a power cut.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class BatchPlan(TypedDict):
     """What a batch publishes (`items`), and its counts; `kind` names the sink."""
 
     version: int
-    kind: Literal["txns", "files"]
+    kind: Literal["txns", "files", "driver-txn"]
     items: list[dict[str, Any]]
     stats: dict[str, Any]
 
@@ -99,6 +102,17 @@ class BatchLedger:
             self.db.execute("ROLLBACK")
             raise
         return found or self.get(batch_id)  # type: ignore[return-value]
+
+    def attempt(self, batch_id: int, plan: BatchPlan) -> None:
+        """Record `plan` as batch `batch_id`'s intent, replacing an earlier intent (whose
+        transaction the caller found never published); a batch that is done is left alone."""
+        self.db.execute(
+            "INSERT INTO batches(batch_id, state, kind, plan, recorded_ns)"
+            " VALUES (?, 'intent', ?, ?, ?)"
+            " ON CONFLICT (batch_id) DO UPDATE SET kind = excluded.kind, plan = excluded.plan,"
+            " recorded_ns = excluded.recorded_ns WHERE state = 'intent'",
+            (batch_id, plan["kind"], json.dumps(plan), time.time_ns()),
+        )
 
     def finish(self, batch_id: int, stats: dict[str, Any]) -> None:
         """Mark batch `batch_id` done, with the counts it published."""

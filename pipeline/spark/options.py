@@ -19,6 +19,9 @@ SOURCE = "sluice"
 EXPORT = "sluice-export"
 SINK_STATE_FILE = "sluice-sink.sqlite"
 
+CommitMode = Literal["auto", "tasks", "driver"]
+COMMIT_MODES: tuple[CommitMode, ...] = ("auto", "tasks", "driver")
+
 
 def _get(options: Mapping[str, str], key: str) -> str | None:
     value = options.get(key.lower())
@@ -119,6 +122,10 @@ class SinkOptions:
     `state` is the SQLite file that records each committed batch (streaming writes:
     `<checkpointLocation>/sluice-sink.sqlite` unless given). A batch write without `state`
     and `batchId` is exactly-once only while its driver lives (see `writing.py`).
+    `commit_mode` (option `commitMode`) says who writes the transactions: `tasks` (each task
+    its own, flushed before the driver commits), `driver` (one per batch, written by the
+    driver: for stores that cannot flush a transaction, such as Pravega), or `auto` (the
+    default, resolved by `SluiceDataSource` from the target store's features).
     """
 
     store: str
@@ -127,9 +134,13 @@ class SinkOptions:
     state: str | None
     batch_id: int | None
     create_segments: int | None
+    commit_mode: CommitMode = "auto"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        mode = (_get(options, "commitMode") or "auto").lower()
+        if mode not in COMMIT_MODES:
+            raise OptionError(SOURCE, "commitMode", mode, "use auto (the default), tasks or driver")
         return cls(
             store=_store(options),
             stream=_stream(SOURCE, options),
@@ -137,6 +148,7 @@ class SinkOptions:
             state=_state(options),
             batch_id=_batch_id(SOURCE, options),
             create_segments=_positive(SOURCE, options, "createSegments", None),
+            commit_mode=mode,  # type: ignore[arg-type]
         )
 
 

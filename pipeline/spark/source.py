@@ -13,12 +13,14 @@ Options of `sluice` reads: `store` (URI; default the configured store), `stream`
 `maxEventsPerTrigger`, `maxBytesPerTrigger`, `minPartitions` (default 2), `minSplitBytes`,
 `emit` (`events`, or `ranges`: one row per segment range for a sink that reads the store).
 Writes: `store`, `stream`, `routingKey` (fixed key), `state` (ledger file; default next to the
-checkpoint), `batchId` (batch writes), `createSegments` (create the stream if missing).
+checkpoint), `batchId` (batch writes), `createSegments` (create the stream if missing), `commitMode`
+(`auto`, `tasks` or `driver`: who writes the transactions).
 Delivery guarantees are stated in `reading.py`, `writing.py` and `files.py`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource
@@ -69,13 +71,19 @@ class SluiceDataSource(DataSource):
 
 
 def _sink(options: dict) -> SinkOptions:
-    """Parse sink options; create the target stream when `createSegments` asks for it."""
+    """Parse sink options; create the target stream when `createSegments` asks for it, and
+    resolve `commitMode=auto` by what the target store can do (`writing.py`)."""
     opts = SinkOptions.parse(options)
-    if opts.create_segments is not None:
-        from pipeline.streams import open_store
+    if opts.create_segments is None and opts.commit_mode != "auto":
+        return opts
+    from pipeline.streams import open_store
 
-        with open_store(opts.store) as store:
+    with open_store(opts.store) as store:
+        if opts.create_segments is not None:
             store.create_stream(opts.stream, segments=opts.create_segments)
+        if opts.commit_mode == "auto":
+            mode = "tasks" if "txn_flush" in store.features else "driver"
+            opts = replace(opts, commit_mode=mode)
     return opts
 
 

@@ -27,6 +27,22 @@ Transactions left open by tasks that died with their executor are found through 
 files (`<state>.open/<txn id>`, written by a task before its first event when it can see the
 state directory) and aborted by the next driver commit.
 
+**`commitMode=driver`** (chosen automatically for a store without `txn_flush`, such as
+Pravega, whose client confirms a transaction's events only inside `commit()`): a task cannot
+hand the driver a transaction that is durable but uncommitted, so tasks hand over their rows
+instead — range rows as ranges (a few bytes each), event rows as payloads (bounded by the
+source's admission control) — and the driver writes the whole batch into ONE transaction:
+
+1. begin the transaction and record its id as batch N's intent in the ledger;
+2. write every handed-over event, in source order, and record the counts and time bounds;
+3. commit (the client awaits every event's acknowledgement, then commits); mark N done.
+
+A batch Spark re-runs finds its intent and asks the store what became of that transaction:
+committing or committed → it is finished (committed again, a no-op) and N marked done;
+open → aborted, and the batch written again under a new transaction; aborted → written again;
+unknown to the store → the sink stops with `UnknownBatchTransaction` rather than guess. Per
+routing key, order is kept: one transaction per batch, written in (segment, offset) order.
+
 A batch write (`df.write.format("sluice")`) is exactly-once only with the `state` and
 `batchId` options (a re-run of the same batch id is then a no-op); without them it commits
 the transactions directly and is at-least-once across a driver crash during commit.
@@ -46,7 +62,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
+from pipeline.spark.errors import SparkSourceError
+from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan, BatchRecord
 from pipeline.spark.options import SinkOptions
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound, open_store
 
@@ -64,6 +81,31 @@ class TxnMessage(WriterCommitMessage):
     events: int
     bytes: int
     time_bounds: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class HandoverMessage(WriterCommitMessage):
+    """What one task hands the driver to write (`commitMode=driver`): source range rows to
+    copy, and event rows as (payload, routing key) pairs, with where they came from."""
+
+    partition: int
+    order: tuple[int, int] | None
+    ranges: tuple[dict[str, Any], ...]
+    events: tuple[tuple[bytes, str | None], ...]
+    time_bounds: tuple[int, int] | None
+
+
+class UnknownBatchTransaction(SparkSourceError):
+    """A re-run batch's recorded transaction is unknown to the store: whether it committed
+    cannot be told, so the sink stops instead of risking a duplicate or a gap."""
+
+    def __init__(self, batch_id: int, txn_id: str, stream: str) -> None:
+        self.batch_id, self.txn_id = batch_id, txn_id
+        super().__init__(
+            f"batch {batch_id}: the store no longer knows transaction {txn_id} of {stream}, so "
+            "whether the batch was published cannot be told; check the stream's tail against "
+            "the source and restart from a new checkpoint"
+        )
 
 
 def _task_partition() -> int:
@@ -104,14 +146,14 @@ class _TaskWriter:
             for row in batch.to_pylist():
                 self.write_range(row)
             return
-        txn = self._transaction()
-        payloads = _payloads(batch)
-        keys = self._keys(batch)
-        for payload, key in zip(payloads, keys, strict=True):
-            txn.write(payload, key)
-            self.bytes += len(payload)
-        self.events += batch.num_rows
+        for payload, key in zip(_payloads(batch), self._keys(batch), strict=True):
+            self.write_event(payload, key)
         self._track(batch)
+
+    def write_event(self, payload: bytes, key: str | None) -> None:
+        self._transaction().write(payload, key)
+        self.events += 1
+        self.bytes += len(payload)
 
     def write_range(self, row: dict) -> None:
         """A range row of the `sluice` source (`emit=ranges`): copy its events from the
@@ -122,14 +164,18 @@ class _TaskWriter:
         with open_store(row["store"]) as source:
             events = source.read_segment(row["stream"], row["segment"], row["start"], row["end"])
             for event in events:
-                self._transaction().write(event.payload, fixed or event.routing_key)
-                self.events += 1
-                self.bytes += len(event.payload)
-                self._time(event.ingest_time_ns, event.ingest_time_ns)
+                self.write_event(event.payload, fixed or event.routing_key)
+                self.add_time(event.ingest_time_ns, event.ingest_time_ns)
 
-    def _time(self, low: int, high: int) -> None:
+    def add_time(self, low: int, high: int) -> None:
         self.t_min = low if self.t_min is None else min(self.t_min, low)
         self.t_max = high if self.t_max is None else max(self.t_max, high)
+
+    @property
+    def time_bounds(self) -> tuple[int, int] | None:
+        if self.t_min is None or self.t_max is None:
+            return None
+        return (self.t_min, self.t_max)
 
     def _keys(self, batch: pa.RecordBatch) -> list[str | None]:
         if self.opts.routing_key is not None:
@@ -150,7 +196,7 @@ class _TaskWriter:
             unit = 1000 if pa.types.is_timestamp(batch.schema.field("ingest_time").type) else 1
             low, high = pc.min(times).as_py(), pc.max(times).as_py()
             if low is not None:
-                self._time(low * unit, high * unit)
+                self.add_time(low * unit, high * unit)
 
     def _mark(self, txn_id: str) -> None:
         directory = _marker_dir(self.opts)
@@ -161,20 +207,47 @@ class _TaskWriter:
     def finish(self) -> TxnMessage:
         if self.txn is not None:
             self.txn.flush()
-        bounds = (self.t_min, self.t_max) if self.t_min is not None else None
         return TxnMessage(
             txn_id=self.txn.txn_id if self.txn is not None else None,
             partition=_task_partition(),
             order=self.order,
             events=self.events,
             bytes=self.bytes,
-            time_bounds=bounds,  # type: ignore[arg-type]
+            time_bounds=self.time_bounds,
         )
 
     def abort(self) -> None:
         if self.txn is not None:
             with contextlib.suppress(Exception):
                 self.txn.abort()
+
+
+class _Handover(_TaskWriter):
+    """Collects one task's rows for the driver to write (`commitMode=driver`, executor side)."""
+
+    def __init__(self, opts: SinkOptions) -> None:
+        super().__init__(opts, store=None)  # type: ignore[arg-type]
+        self.ranges: list[dict[str, Any]] = []
+        self.pairs: list[tuple[bytes, str | None]] = []
+
+    def write_range(self, row: dict) -> None:
+        if self.order is None:
+            self.order = (row["segment"], row["start"])
+        self.ranges.append(row)
+
+    def write_event(self, payload: bytes, key: str | None) -> None:
+        self.pairs.append((payload, key))
+        self.events += 1
+        self.bytes += len(payload)
+
+    def finish(self) -> HandoverMessage:  # type: ignore[override]
+        return HandoverMessage(
+            partition=_task_partition(),
+            order=self.order,
+            ranges=tuple(self.ranges),
+            events=tuple(self.pairs),
+            time_bounds=self.time_bounds,
+        )
 
 
 def _payloads(batch: pa.RecordBatch) -> list[bytes]:
@@ -189,8 +262,16 @@ def _payloads(batch: pa.RecordBatch) -> list[bytes]:
     return column.to_pylist()
 
 
-def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> TxnMessage:
-    """One task: all its rows in one flushed, uncommitted transaction."""
+def write_task(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch]
+) -> TxnMessage | HandoverMessage:
+    """One task: all its rows in one flushed, uncommitted transaction (or, with
+    `commitMode=driver`, handed over to the driver)."""
+    if opts.commit_mode == "driver":
+        handover = _Handover(opts)
+        for batch in batches:
+            handover.write(batch)
+        return handover.finish()
     with open_store(opts.store) as store:
         writer = _TaskWriter(opts, store)
         try:
@@ -223,6 +304,8 @@ def txn_plan(messages: list[Any]) -> BatchPlan:
 
 def commit_batch(opts: SinkOptions, messages: list[Any], batch_id: int | None) -> dict:
     """Commit a batch's transactions exactly once (with a ledger) and return its counts."""
+    if opts.commit_mode == "driver":
+        return write_on_driver(opts, messages, batch_id)
     plan = txn_plan(messages)
     with open_store(opts.store) as store:
         if opts.state is None or batch_id is None:
@@ -265,13 +348,100 @@ def sweep_open(store: StreamStore, opts: SinkOptions, keep: set[str]) -> None:
         marker.unlink(missing_ok=True)
 
 
+def write_on_driver(opts: SinkOptions, messages: list[Any], batch_id: int | None) -> dict:
+    """`commitMode=driver`: the batch's handed-over rows in one transaction (module doc)."""
+    handed = sorted(
+        (m for m in messages if isinstance(m, HandoverMessage) and (m.ranges or m.events)),
+        key=lambda m: (m.order or (-1, -1), m.partition),
+    )
+    with open_store(opts.store) as store:
+        if opts.state is None or batch_id is None:
+            return _publish_handed(store, opts, handed, None, batch_id)
+        with BatchLedger(opts.state) as ledger:
+            earlier = ledger.get(batch_id)
+            if earlier is not None and earlier.state == "done":
+                return earlier.stats or {}
+            if earlier is not None and _finished_before(store, opts.stream, earlier):
+                stats = earlier.plan["stats"]
+                ledger.finish(batch_id, stats)
+                return stats
+            return _publish_handed(store, opts, handed, ledger, batch_id)
+
+
+def _finished_before(store: StreamStore, stream: str, record: BatchRecord) -> bool:
+    """Whether an earlier attempt's transaction reached the store (then commit it again, a
+    no-op); if it is still open it is aborted, so the batch can be written again."""
+    if not record.plan["items"]:
+        return False
+    txn_id = str(record.plan["items"][0]["txn"])
+    try:
+        txn = store.get_transaction(stream, txn_id)
+        state = txn.state()
+        if state in ("committing", "committed"):
+            txn.commit()
+            return True
+        if state == "open":
+            txn.abort()
+        return False
+    except TxnFailed:
+        return False  # aborted meanwhile: write the batch again
+    except TxnNotFound:
+        raise UnknownBatchTransaction(record.batch_id, txn_id, stream) from None
+
+
+def _publish_handed(
+    store: StreamStore,
+    opts: SinkOptions,
+    handed: list[HandoverMessage],
+    ledger: BatchLedger | None,
+    batch_id: int | None,
+) -> dict:
+    stats: dict[str, Any] = {"transactions": 0, "events": 0, "bytes": 0}
+    if not handed:
+        if ledger is not None and batch_id is not None:
+            ledger.attempt(batch_id, _driver_plan(None, stats))
+            ledger.finish(batch_id, stats)
+        return stats
+    txn = store.begin_transaction(opts.stream)
+    if ledger is not None and batch_id is not None:
+        ledger.attempt(batch_id, _driver_plan(txn.txn_id, None))
+    writer = _TaskWriter(opts, store)
+    writer.txn = txn
+    try:
+        for message in handed:
+            for row in message.ranges:
+                writer.write_range(row)
+            for payload, key in message.events:
+                writer.write_event(payload, key)
+            if message.time_bounds is not None:
+                writer.add_time(*message.time_bounds)
+    except BaseException:
+        writer.abort()
+        raise
+    stats = {"transactions": 1, "events": writer.events, "bytes": writer.bytes}
+    if ledger is not None and batch_id is not None:
+        ledger.attempt(batch_id, _driver_plan(txn.txn_id, stats, writer.time_bounds))
+    txn.commit(time_bounds=writer.time_bounds)
+    if ledger is not None and batch_id is not None:
+        ledger.finish(batch_id, stats)
+    return stats
+
+
+def _driver_plan(
+    txn_id: str | None, stats: dict[str, Any] | None, bounds: tuple[int, int] | None = None
+) -> BatchPlan:
+    """Batch N's intent in `commitMode=driver`: its one transaction; the counts once written."""
+    items = [{"txn": txn_id, "time_bounds": bounds}] if txn_id is not None else []
+    return BatchPlan(version=LEDGER_VERSION, kind="driver-txn", items=items, stats=stats or {})
+
+
 class SluiceStreamWriter(DataSourceStreamArrowWriter):
     """Streaming writes into a stream; exactly-once through the batch ledger (module doc)."""
 
     def __init__(self, opts: SinkOptions) -> None:
         self.opts = opts
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnMessage | HandoverMessage:
         return write_task(self.opts, iterator)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
@@ -287,7 +457,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions) -> None:
         self.opts = opts
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnMessage | HandoverMessage:
         return write_task(self.opts, iterator)
 
     def commit(self, messages: list[Any]) -> None:

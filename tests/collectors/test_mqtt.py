@@ -141,6 +141,9 @@ def test_a_killed_collector_loses_no_message(write_config, store_dir, mosquitto,
     assert survivor.wait(60) == 0
     counts = Counter(p["i"] for _, p in received(store_dir))
     duplicated = [i for i, n in counts.items() if n > 1]
-    # At-least-once: only messages buffered whose PUBACK had not reached the broker when the
-    # process died can come twice: at most one in-flight window (50) of them.
-    assert len(duplicated) <= 50, duplicated
+    # At-least-once: only messages the killed process buffered whose PUBACK had not reached
+    # the broker can come twice, and only twice. paho sends PUBACKs from its network thread,
+    # so under load the acknowledgements of all of its (at most 3) appends of at most
+    # `samples_per_event` (25) messages may still be unsent when it dies.
+    assert max(counts.values()) <= 2
+    assert len(duplicated) <= 3 * 25, duplicated

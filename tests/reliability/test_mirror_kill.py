@@ -4,7 +4,8 @@ Each life of the driver gets new events to copy (so there is always work in flig
 killed at a random moment: during start-up, while tasks write transactions, while the
 driver records a batch's intent, commits the transactions or marks the batch done. After the
 last kill the mirror runs to completion; the target stream must then hold every source event
-exactly once, in the source's order for each routing key.
+exactly once, in the source's order for each routing key. Both commit modes of the sink are
+killed: `tasks` (the embedded store's default) and `driver` (Pravega's, forced here).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from tests.spark.killing import job_env, kill_loop, run_to_completion, without_b
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-KILLS = 20
 KEYS = 6
 
 
-def test_mirror_driver_killed_at_random_points(tmp_path):
+@pytest.mark.parametrize(("commit_mode", "kills"), [("tasks", 20), ("driver", 12)])
+def test_mirror_driver_killed_at_random_points(tmp_path, commit_mode, kills):
     seed = int(os.environ.get("SLUICE_CRASH_SEED", "0")) or None
     edge, cloud = f"embedded:{tmp_path / 'edge'}", f"embedded:{tmp_path / 'cloud'}"
     with open_store(edge) as store:
@@ -43,15 +44,16 @@ def test_mirror_driver_killed_at_random_points(tmp_path):
     argv = [
         "--store", edge, "run", "mirror", "--stream", "edge/net", "--to", "cloud/net",
         "--to-store", cloud, "--max-events", "25", "--checkpoint", str(tmp_path / "ck"),
+        "--commit-mode", commit_mode,
     ]  # fmt: skip
     env = job_env(tmp_path / "home")
-    killed = kill_loop(argv, env, KILLS, more_events, seed)
+    killed = kill_loop(argv, env, kills, more_events, seed)
     run_to_completion(without_batch_limit(argv), env)
 
     with open_store(edge) as source, open_store(cloud) as target:
         sent = [e.payload for e in source.read("edge/net")]
         copied = list(target.read("cloud/net"))
-    assert killed >= KILLS
+    assert killed >= kills
     assert len(sent) == counter["next"]
     received = [e.payload for e in copied]
     assert len(received) == len(set(received)), "an event was copied twice"

@@ -6,7 +6,6 @@ is set (no Pravega server can run on the development machine).
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 
@@ -26,17 +25,9 @@ from pipeline.streams import (
     TxnNotFound,
     open_store,
 )
+from tests.pravega import pravega_backend, pravega_uri
 
-BACKENDS = [
-    "embedded",
-    pytest.param(
-        "pravega",
-        marks=pytest.mark.skipif(
-            not os.environ.get("SLUICE_TEST_PRAVEGA"),
-            reason="set SLUICE_TEST_PRAVEGA=tcp://host:9090 to run the contract against Pravega",
-        ),
-    ),
-]
+BACKENDS = ["embedded", pravega_backend("the contract")]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -44,7 +35,7 @@ def backend(request, tmp_path):
     if request.param == "embedded":
         store = open_store(f"embedded:{tmp_path / 'streams'}")
     else:
-        store = open_store(os.environ["SLUICE_TEST_PRAVEGA"])
+        store = open_store(pravega_uri())
     with store:
         yield store
 

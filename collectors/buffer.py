@@ -33,6 +33,7 @@ from collectors.state import (
     CursorState,
     PendingEvent,
     TxnRecord,
+    TxnRecordState,
 )
 from pipeline.streams import MAX_EVENT_SIZE, EventTooLarge
 
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 WhenFull = Literal["block", "shed"]
 #: Extra SQL a driver runs inside the append transaction (file state, ...).
 TxnHook = Callable[[sqlite3.Connection], None]
+#: The last buffer id promised to a recorded transaction; the send queue starts after it.
+#: Every record with a range holds its rows out of the queue until it is resolved: `ready`
+#: and `doubtful` ones, and `open` ones of the commit protocol (see coordinator.py).
+PROMISED_UP_TO = "SELECT coalesce(max(last_id), 0) FROM txns WHERE last_id IS NOT NULL"
 
 
 class Appended(Enum):
@@ -313,10 +318,7 @@ class Buffer:
     def queue_after(self) -> int:
         """Ids up to this one are promised to a transaction; the queue starts after it."""
         if self._queue_after is None:
-            row = self.conn.execute(
-                "SELECT max(last_id) FROM txns WHERE state IN ('ready', 'doubtful')"
-            ).fetchone()
-            self._queue_after = row[0] or 0
+            self._queue_after = self.conn.execute(PROMISED_UP_TO).fetchone()[0]
         return self._queue_after
 
     def next_batch(self, max_events: int, max_bytes: int) -> list[BufferedEvent]:
@@ -354,66 +356,64 @@ class Buffer:
         )
         return [TxnRecord(*row) for row in rows]
 
-    def record_open(self, txn_id: str, stream: str, forget: TxnRecord | None = None) -> None:
-        """Note a begun transaction, so that a crash before it is ready aborts it later.
+    def record_open(
+        self,
+        txn_id: str,
+        stream: str,
+        forget: TxnRecord | None = None,
+        batch: Sequence[BufferedEvent] = (),
+    ) -> TxnRecord:
+        """Note a begun transaction, so that a crash before it is settled is settled later.
 
-        `forget`, a committed transaction not forgotten yet, is forgotten in the same SQLite
-        commit: one fsync fewer per batch while a backlog drains."""
+        Without `batch` (flush protocol) nothing is promised yet: recovery aborts it. With
+        `batch` (commit protocol) the record carries the batch's range: its rows stay in the
+        buffer but are held out of the send queue until the record is resolved, and recovery
+        asks the store what became of it. `forget`, a committed transaction not forgotten
+        yet, is forgotten in the same SQLite commit: one fsync fewer per batch while a
+        backlog drains."""
+        record = (
+            _batch_record(txn_id, stream, "open", batch)
+            if batch
+            else TxnRecord(txn_id, stream, "open", None, None, 0, 0, None, None, time.time_ns())
+        )
         with self._write() as c:
             if forget is not None:
                 self._forget(c, forget, recommitted=False)
+            if batch:
+                self._check_contiguous(c, record)
             c.execute(
-                "INSERT INTO txns (txn_id, stream, state, recorded_ns) VALUES (?, ?, 'open', ?)",
-                (txn_id, stream, time.time_ns()),
+                "INSERT INTO txns (txn_id, stream, state, first_id, last_id, events, samples,"
+                " min_ns, max_ns, recorded_ns) VALUES (?, ?, 'open', ?, ?, ?, ?, ?, ?, ?)",
+                (txn_id, stream, *_range_values(record)),
             )
+            if batch:
+                self.failpoints.hit("sender.in_open_txn")
+        if batch:
+            self._queue_after = record.last_id
+        return record
 
     def mark_ready(self, txn_id: str, stream: str, batch: Sequence[BufferedEvent]) -> TxnRecord:
         """In ONE SQLite transaction: the batch leaves the send queue and `txn_id` is recorded
         as flushed and ready to commit. After this returns, the batch belongs to the stream
         transaction: it will be committed (again, if need be), never sent a second time."""
-        first, last = batch[0].id, batch[-1].id
-        record = TxnRecord(
-            txn_id=txn_id,
-            stream=stream,
-            state="ready",
-            first_id=first,
-            last_id=last,
-            events=len(batch),
-            samples=sum(e.samples for e in batch),
-            min_ns=min(e.min_ns for e in batch),
-            max_ns=max(e.max_ns for e in batch),
-            recorded_ns=time.time_ns(),
-        )
+        record = _batch_record(txn_id, stream, "ready", batch)
         with self._write() as c:
-            self._check_contiguous(c, first, last, len(batch))
+            self._check_contiguous(c, record)
             cur = c.execute(
                 "UPDATE txns SET state = 'ready', first_id = ?, last_id = ?, events = ?,"
                 " samples = ?, min_ns = ?, max_ns = ?, recorded_ns = ?"
                 " WHERE txn_id = ? AND state = 'open'",
-                (
-                    first,
-                    last,
-                    record.events,
-                    record.samples,
-                    record.min_ns,
-                    record.max_ns,
-                    record.recorded_ns,
-                    txn_id,
-                ),
+                (*_range_values(record), txn_id),
             )
             if cur.rowcount != 1:
                 raise BufferCorrupt(self.path, f"transaction {txn_id} is not recorded as open")
             self.failpoints.hit("sender.in_ready_txn")
-        self._queue_after = last
+        self._queue_after = record.last_id
         return record
 
-    def _check_contiguous(self, c: sqlite3.Connection, first: int, last: int, n: int) -> None:
-        promised = (
-            c.execute(
-                "SELECT max(last_id) FROM txns WHERE state IN ('ready', 'doubtful')"
-            ).fetchone()[0]
-            or 0
-        )
+    def _check_contiguous(self, c: sqlite3.Connection, record: TxnRecord) -> None:
+        first, last, n = record.first_id, record.last_id, record.events
+        promised = c.execute(PROMISED_UP_TO).fetchone()[0]
         held = c.execute(
             "SELECT count(*) FROM events WHERE id BETWEEN ? AND ?", (first, last)
         ).fetchone()[0]
@@ -422,6 +422,15 @@ class Buffer:
                 f"batch {first}..{last} of {n} events overlaps a promised range (up to "
                 f"{promised}) or has gaps ({held} rows held)"
             )
+            raise BufferCorrupt(self.path, detail)
+
+    def _check_last_promise(self, c: sqlite3.Connection, txn_id: str, first_id: int) -> None:
+        """Rows go back to the head of the queue only if no later range is promised."""
+        later = c.execute(
+            "SELECT count(*) FROM txns WHERE last_id IS NOT NULL AND first_id > ?", (first_id,)
+        ).fetchone()[0]
+        if later:
+            detail = f"cannot requeue {txn_id}: later transactions are recorded"
             raise BufferCorrupt(self.path, detail)
 
     def forget(self, record: TxnRecord, recommitted: bool = False) -> None:
@@ -451,22 +460,23 @@ class Buffer:
         _add_counters(c, deltas)
 
     def drop_open(self, txn_id: str) -> None:
-        """An `open` transaction was aborted (or never reached the store): forget it."""
+        """An `open` transaction was aborted (or never reached the store): forget it. Rows it
+        held (commit protocol) go back to the head of the send queue, to be sent again."""
         with self._write() as c:
+            found = c.execute(
+                "SELECT first_id FROM txns WHERE txn_id = ? AND state = 'open'", (txn_id,)
+            ).fetchone()
+            if found is not None and found[0] is not None:
+                self._check_last_promise(c, txn_id, found[0])
             c.execute("DELETE FROM txns WHERE txn_id = ? AND state = 'open'", (txn_id,))
             _add_counters(c, {"txns_aborted": 1})
+        self._queue_after = None
 
     def requeue(self, record: TxnRecord) -> None:
         """The store says this ready transaction was aborted (or its lease ran out), so none
         of its events are in the stream: put its rows back at the head of the queue."""
         with self._write() as c:
-            later = c.execute(
-                "SELECT count(*) FROM txns WHERE state IN ('ready', 'doubtful') AND first_id > ?",
-                (record.first_id,),
-            ).fetchone()[0]
-            if later:
-                detail = f"cannot requeue {record.txn_id}: later transactions are recorded"
-                raise BufferCorrupt(self.path, detail)
+            self._check_last_promise(c, record.txn_id, record.first_id)
             c.execute("DELETE FROM txns WHERE txn_id = ?", (record.txn_id,))
             _add_counters(c, {"txns_requeued": 1})
         self._queue_after = None
@@ -479,6 +489,37 @@ class Buffer:
                 (note, record.txn_id),
             )
             _add_counters(c, {"txns_doubtful": 1})
+
+
+def _batch_record(
+    txn_id: str, stream: str, state: TxnRecordState, batch: Sequence[BufferedEvent]
+) -> TxnRecord:
+    """The record of a transaction that carries `batch` (its range, counts, time bounds)."""
+    return TxnRecord(
+        txn_id=txn_id,
+        stream=stream,
+        state=state,
+        first_id=batch[0].id,
+        last_id=batch[-1].id,
+        events=len(batch),
+        samples=sum(e.samples for e in batch),
+        min_ns=min(e.min_ns for e in batch),
+        max_ns=max(e.max_ns for e in batch),
+        recorded_ns=time.time_ns(),
+    )
+
+
+def _range_values(record: TxnRecord) -> tuple:
+    """first_id, last_id, events, samples, min_ns, max_ns, recorded_ns (the SQL order)."""
+    return (
+        record.first_id,
+        record.last_id,
+        record.events,
+        record.samples,
+        record.min_ns,
+        record.max_ns,
+        record.recorded_ns,
+    )
 
 
 def _add_counters(c: sqlite3.Connection, deltas: dict[str, int]) -> None:

@@ -24,7 +24,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from collectors.buffer import WhenFull
 from collectors.drivers import find_spec, known_names
@@ -35,6 +35,11 @@ from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS, InvalidName, parse_strea
 
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
 _COLLECTOR_KEYS = ("store", "state_dir", "drain_timeout_seconds")
+
+#: How the sender commits a batch (see `coordinator.py`): `flush` needs a store whose
+#: transactions can be flushed, `commit` works with any store, `auto` picks by the store.
+TxnProtocol = Literal["auto", "flush", "commit"]
+TXN_PROTOCOLS: tuple[TxnProtocol, ...] = ("auto", "flush", "commit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,7 @@ class InstanceConfig:
     max_txn_bytes: int
     linger_ms: int
     txn_lease_seconds: float
+    txn_protocol: TxnProtocol
     segments: int
     options: Any  # the driver module's own frozen `Options`
 
@@ -167,6 +173,12 @@ def _instance(
         max_txn_bytes=r.integer("max_txn_bytes", 64 * 1024 * 1024, minimum=1),
         linger_ms=r.integer("linger_ms", 0, minimum=0),
         txn_lease_seconds=lease,
+        txn_protocol=r.choice(  # type: ignore[arg-type]
+            "txn_protocol",
+            TXN_PROTOCOLS,
+            "auto",
+            "auto picks flush where the store can flush transactions, commit where it cannot",
+        ),
         segments=r.integer("segments", 1, minimum=1),
         options=spec.load().parse_options(r),
     )

@@ -1,12 +1,16 @@
 """The two-phase commit between an instance's SQLite buffer and a stream transaction.
 
 Delivery guarantee: **exactly-once, in order**, from the buffer into the stream, across
-crashes at any point (SIGKILL, power cut) of the collector, the store or the network.
+crashes at any point (SIGKILL, power cut) of the collector, the store or the network, under
+either of two protocols. Both keep, in the buffer, the ids of the stream transactions that
+may hold buffered events, and change that record in the same SQLite transaction as the send
+queue; they differ in what the store can tell after a crash. The instance setting
+`txn_protocol` picks one: `auto` (the default) is `flush` where the store has the feature
+`txn_flush` (the embedded store) and `commit` where it has not (Pravega, whose client cannot
+flush a transaction).
 
-Why it holds: the buffer always holds both (1) the ids of stream transactions that are
-flushed and ready to commit and (2) the events still to send, and the two change together in
-one SQLite transaction (the protocol of the Pravega Sensor Collector, seed 000 "Recovery from
-Failures"). For each batch:
+**Flush protocol** (the Pravega Sensor Collector's, seed 000 "Recovery from Failures"). It
+relies on `Transaction.flush()`: once it returns, the events survive a crash. For each batch:
 
 1. begin a stream transaction and note its id as `open` (a crash from here to step 3 leaves
    an `open` id, which recovery aborts: nothing of it was ever visible);
@@ -18,28 +22,73 @@ Failures"). For each batch:
    wait, the same SQLite transaction as step 1 of the next batch).
 
 On start-up and before every batch, recorded `ready` ids are committed again: committing a
-committed transaction is a no-op, so a crash between 3 and 5 costs nothing. Batches are sent
-one at a time, oldest first, so the stream receives them in the order they were buffered.
+committed transaction is a no-op, so a crash between 3 and 5 costs nothing.
+
+**Commit protocol**, for stores that cannot flush but report a transaction's exact state
+after a restart (`open`, `committing`, `committed`, `aborted`) and treat a second commit as a
+no-op. The decision is the store's, not the buffer's:
+
+1. begin a stream transaction and, in ONE SQLite transaction, record it `open` together
+   with the batch's range (ids, counts, time bounds); the rows stay in the buffer, held out
+   of the send queue while the record exists (and, while more batches wait, the previous
+   committed transaction is forgotten in the same SQLite transaction);
+2. write the events and commit with their time bounds (the commit waits until the store
+   has every event, then makes them visible at once);
+3. forget the id and drop the batch's rows, as in step 5 above.
+
+On start-up and before every batch, a recorded `open` id that carries a range is settled by
+asking the store: `committing` or `committed` means the batch is (or is becoming) visible,
+so it is committed again (a no-op, or it finishes) and forgotten; `open` means the commit
+never happened, so the transaction is aborted and its rows return to the head of the queue;
+`aborted` returns them too. Either way the batch is in the stream exactly once, and a
+crash costs at most the resend of one uncommitted batch. An `open`
+id without a range is the flush protocol's and is aborted as above, so a buffer can move
+between protocols across a restart.
+
+Both protocols send one batch at a time, oldest first, and send nothing while a recorded
+transaction is unresolved, so the stream receives batches in the order they were buffered.
 
 Unlike the reference, the rows of a `ready` transaction are dropped only once it is committed
 (step 5, not step 3): if the store reports the transaction aborted (its lease ran out during
 a long outage), its events go back to the head of the queue and are sent again, instead of
-being lost. If the store no longer knows the id at all, whether it committed cannot be told:
-the rows are kept as `doubtful`, reported, and never re-sent automatically.
+being lost. If the store no longer knows the id at all (under either protocol), whether it
+committed cannot be told: the rows are kept as `doubtful`, reported, and never re-sent
+automatically.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Literal
 
 from collectors.buffer import Buffer
-from collectors.config import InstanceConfig
+from collectors.config import InstanceConfig, TxnProtocol
+from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
 from collectors.state import BufferedEvent, TxnRecord
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound
 
 log = logging.getLogger(__name__)
+
+#: The protocol an instance runs, once `auto` is decided by its store.
+Protocol = Literal["flush", "commit"]
+
+
+def choose_protocol(config: InstanceConfig, store: StreamStore) -> Protocol:
+    """`txn_protocol` for this store: `auto` is `flush` where transactions can be flushed."""
+    setting: TxnProtocol = config.txn_protocol
+    can_flush = "txn_flush" in store.features
+    if setting == "auto":
+        return "flush" if can_flush else "commit"
+    if setting == "flush" and not can_flush:
+        where = f"instance {config.name}"
+        problem = (
+            f"txn_protocol = 'flush' needs a store that can flush transactions, and "
+            f"{config.store} cannot"
+        )
+        raise ConfigError(where, problem, 'set txn_protocol = "commit" (or "auto")')
+    return setting
 
 
 class TransactionCoordinator:
@@ -52,11 +101,13 @@ class TransactionCoordinator:
         self.buffer = buffer
         self.config = config
         self.failpoints = failpoints
+        self.protocol = choose_protocol(config, store)
         # Committed in the store, not yet forgotten in the buffer (see `send_batch`).
         self._committed: TxnRecord | None = None
 
     def recover(self) -> int:
-        """Resolve every recorded transaction: abort `open` ones, commit `ready` ones.
+        """Resolve every recorded transaction: abort `open` ones of the flush protocol,
+        commit `ready` ones, and settle `open` ones that carry a batch by the store's word.
 
         Returns how many were resolved. Store errors propagate (the caller retries later);
         nothing is sent while a recorded transaction is unresolved.
@@ -66,8 +117,10 @@ class TransactionCoordinator:
         for record in self.buffer.txns():
             if record.txn_id == known:
                 continue
-            if record.state == "open":
+            if record.state == "open" and record.first_id is None:
                 self._abort_recorded(record)
+            elif record.state == "open":
+                self._settle_open(record)
             elif record.state == "ready":
                 self._commit_recorded(record)
             else:
@@ -81,28 +134,71 @@ class TransactionCoordinator:
         if not batch:
             self.forget_committed()
             return 0
-        stream = self.config.stream
         self.failpoints.hit("sender.before_begin")
-        txn = self.store.begin_transaction(stream, lease_seconds=self.config.txn_lease_seconds)
-        self.buffer.record_open(txn.txn_id, stream, forget=self._committed)
+        txn = self.store.begin_transaction(
+            self.config.stream, lease_seconds=self.config.txn_lease_seconds
+        )
+        if self.protocol == "flush":
+            self._send_flushed(txn, batch)
+        else:
+            self._send_committed(txn, batch)
+        return len(batch)
+
+    def _send_flushed(self, txn: Transaction, batch: Sequence[BufferedEvent]) -> None:
+        """Steps 1-4 of the flush protocol (step 5 comes with the next batch)."""
+        self._record_open(txn)
+        self._write(txn, batch, flush=True)
+        self.failpoints.hit("sender.after_flush")
+        record = self.buffer.mark_ready(txn.txn_id, self.config.stream, batch)
+        self.failpoints.hit("sender.after_ready")
+        self._commit_recorded(record, txn)
+
+    def _send_committed(self, txn: Transaction, batch: Sequence[BufferedEvent]) -> None:
+        """Steps 1-2 of the commit protocol (step 3 comes with the next batch).
+
+        A commit that fails in any other way than "the store aborted it" may or may not have
+        happened: the record stays, and recovery asks the store before anything else is
+        sent."""
+        record = self._record_open(txn, batch)
+        self._write(txn, batch, flush=False)
+        self.failpoints.hit("sender.before_commit")
+        try:
+            txn.commit(time_bounds=record.time_bounds)
+        except TxnFailed as exc:
+            if exc.state != "aborted":
+                raise
+            log.warning(
+                "%s: the store aborted transaction %s before it committed (%s): its %d events "
+                "go back to the queue and will be sent again in a new transaction",
+                self.config.name,
+                txn.txn_id,
+                exc.reason,
+                record.events,
+            )
+            self.buffer.drop_open(txn.txn_id)
+            return
+        self.failpoints.hit("sender.after_stream_commit")
+        self._committed = record  # forgotten with the next batch's step 1, or when idle
+
+    def _record_open(self, txn: Transaction, batch: Sequence[BufferedEvent] = ()) -> TxnRecord:
+        """Record `txn` as open (with `batch` under the commit protocol), forgetting the
+        last committed transaction in the same SQLite commit."""
+        record = self.buffer.record_open(txn.txn_id, self.config.stream, self._committed, batch)
         if self._committed is not None:
             self._committed = None
             self.failpoints.hit("sender.after_forget")
         self.failpoints.hit("sender.after_record_open")
-        self._write_and_flush(txn, batch)
-        self.failpoints.hit("sender.after_flush")
-        record = self.buffer.mark_ready(txn.txn_id, stream, batch)
-        self.failpoints.hit("sender.after_ready")
-        self._commit_recorded(record, txn)
-        return len(batch)
+        return record
 
-    def _write_and_flush(self, txn: Transaction, batch: Sequence[BufferedEvent]) -> None:
+    def _write(self, txn: Transaction, batch: Sequence[BufferedEvent], flush: bool) -> None:
+        """Write the batch into `txn` (and flush it); abort `txn` if that fails."""
         try:
             for index, event in enumerate(batch):
                 txn.write(event.payload, event.routing_key)
                 if index == 0:
                     self.failpoints.hit("sender.mid_write")
-            txn.flush()
+            if flush:
+                txn.flush()
         except BaseException:
             self._abort_quietly(txn)
             raise
@@ -147,11 +243,38 @@ class TransactionCoordinator:
             return
         self.failpoints.hit("sender.after_stream_commit")
         if recommit:
-            log.info("%s: committed recorded transaction %s", self.config.name, record.txn_id)
-            self.buffer.forget(record, recommitted=True)
-            self.failpoints.hit("sender.after_forget")
+            self._forget_recommitted(record)
         else:
             self._committed = record  # forgotten with the next batch's step 1, or when idle
+
+    def _settle_open(self, record: TxnRecord) -> None:
+        """Commit protocol: the store's state of a recorded transaction decides its batch."""
+        try:
+            txn = self.store.get_transaction(record.stream, record.txn_id)
+            state = txn.state()
+        except TxnNotFound:
+            self._doubtful(record)
+            return
+        if state in ("committing", "committed"):
+            txn.commit(time_bounds=record.time_bounds)  # finishes a cut-short commit, or no-op
+            self.failpoints.hit("sender.after_stream_commit")
+            self._forget_recommitted(record)
+            return
+        if state == "open":
+            txn.abort()  # it never committed: nothing of it is visible, nor will be
+        log.info(
+            "%s: transaction %s did not commit (%s): its %d events go back to the queue",
+            self.config.name,
+            record.txn_id,
+            state,
+            record.events,
+        )
+        self.buffer.drop_open(record.txn_id)
+
+    def _forget_recommitted(self, record: TxnRecord) -> None:
+        log.info("%s: committed recorded transaction %s", self.config.name, record.txn_id)
+        self.buffer.forget(record, recommitted=True)
+        self.failpoints.hit("sender.after_forget")
 
     def forget_committed(self) -> None:
         """Forget the last committed transaction now (the queue is empty, or we stop)."""

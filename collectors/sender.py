@@ -99,11 +99,13 @@ class Sender:
             self.coordinator = TransactionCoordinator(
                 store, self.buffer, self.config, self.failpoints
             )
+            self.buffer.set_meta({"txn_protocol": self.coordinator.protocol})
             log.info(
-                "%s: connected to %s, sending to %s",
+                "%s: connected to %s, sending to %s (%s protocol)",
                 self.config.name,
                 self.config.store,
                 self.config.stream,
+                self.coordinator.protocol,
             )
         return self.coordinator
 

@@ -110,10 +110,12 @@ class SettingsReader:
             self.fail(key, "is not true or false")
         return value
 
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = _MISSING) -> str:
+    def choice(
+        self, key: str, choices: tuple[str, ...], default: Any = _MISSING, hint: str = ""
+    ) -> str:
         value = self.text(key, default)
         if value not in choices:
-            self.fail(key, f"is not one of {', '.join(choices)}")
+            self.fail(key, f"is not one of {', '.join(choices)}", hint)
         return value
 
     def texts(self, key: str, default: Any = _MISSING) -> tuple[str, ...]:

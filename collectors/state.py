@@ -5,11 +5,15 @@ survived a power cut). Its tables:
 
 - `events`: batched samples waiting to be sent, in the order they were taken (`id`
   only grows: AUTOINCREMENT never reuses an id).
-- `txns`: stream transactions the sender knows about. `open` = begun, nothing promised yet
-  (aborted on recovery); `ready` = flushed, and its rows `first_id..last_id` have left the
-  send queue in the same SQLite transaction that recorded it (committed again on recovery);
-  `doubtful` = the store no longer knows the id, so whether it committed cannot be told
-  (its rows are kept, never re-sent automatically, and shown by `sluice collect status`).
+- `txns`: stream transactions the sender knows about (see `coordinator.py` for the two
+  protocols). `open` without a range = begun, nothing promised yet (flush protocol: aborted
+  on recovery); `open` with a range = begun with its batch `first_id..last_id`, whose rows
+  are held out of the send queue until the store's state of the transaction settles them
+  (commit protocol: forgotten if it committed, back to the queue if not); `ready` =
+  flushed, and its rows have left the send queue in the same SQLite transaction that
+  recorded it (committed again on recovery); `doubtful` = the store no longer knows the id,
+  so whether it committed cannot be told (its rows are kept, never re-sent automatically,
+  and shown by `sluice collect status`). Every record with a range holds its rows.
 - `cursor`: driver positions (generator sequence, ...), updated in the same SQLite
   transaction as the events they produced.
 - `counters`, `meta`, `errors`, `quarantine`: what `sluice collect status` shows.

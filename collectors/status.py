@@ -2,7 +2,8 @@
 
 Read from each instance's SQLite buffer (safe while the collector runs: WAL readers never
 block the writer): buffer depth, the newest sample time committed to the stream and the lag
-behind now, the oldest sample still waiting, shed and quarantined counts, transactions
+behind now, the oldest sample still waiting, shed and quarantined counts, the transaction
+protocol (as configured, and as the sender last decided it for its store), transactions
 awaiting a decision, and the last errors. Whether the instance runs is told by its lock.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from collectors.batch import format_timestamp
+from collectors.buffer import PROMISED_UP_TO
 from collectors.config import CollectorConfig, InstanceConfig
 
 
@@ -26,6 +28,8 @@ class InstanceStatus:
     stream: str
     buffer_file: str
     running: bool
+    txn_protocol: str = "auto"  # as configured
+    txn_protocol_used: str | None = None  # flush or commit, as the sender last decided
     sender_state: str | None = None
     depth_events: int = 0
     queued_samples: int = 0
@@ -54,6 +58,7 @@ def instance_status(inst: InstanceConfig, now_ns: int) -> InstanceStatus:
         "stream": inst.stream,
         "buffer_file": str(inst.buffer_file),
         "capacity_events": inst.capacity_events,
+        "txn_protocol": inst.txn_protocol,
         "running": _is_running(inst.buffer_file),
     }
     if not inst.buffer_file.exists():
@@ -67,9 +72,7 @@ def instance_status(inst: InstanceConfig, now_ns: int) -> InstanceStatus:
 
 def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
     low, high, oldest = conn.execute("SELECT min(id), max(id), min(min_ns) FROM events").fetchone()
-    queued_after = conn.execute(
-        "SELECT coalesce(max(last_id), 0) FROM txns WHERE state IN ('ready', 'doubtful')"
-    ).fetchone()[0]
+    queued_after = conn.execute(PROMISED_UP_TO).fetchone()[0]
     queued_samples = conn.execute(
         "SELECT coalesce(sum(samples), 0) FROM events WHERE id > ?", (queued_after,)
     ).fetchone()[0]
@@ -84,6 +87,7 @@ def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
     ]
     return {
         "sender_state": meta.get("sender_state"),
+        "txn_protocol_used": meta.get("txn_protocol"),
         "depth_events": 0 if low is None else high - low + 1,
         "queued_samples": queued_samples,
         "pending_txns": states.get("open", 0) + states.get("ready", 0),
@@ -128,12 +132,21 @@ def format_status(statuses: list[InstanceStatus]) -> str:
             f"{c.get('events_committed', 0)} events, {c.get('txns_committed', 0)} txns; "
             f"shed: {c.get('samples_shed', 0)} samples; quarantined: {c.get('quarantined', 0)}; "
             f"blocked: {c.get('blocked_ms', 0) / 1000:.1f}s",
-            f"  transactions awaiting commit: {s.pending_txns}; doubtful: {s.doubtful_txns}; "
-            f"errors: {c.get('errors', 0)}",
+            f"  transactions: {_protocol(s)}; awaiting commit: {s.pending_txns}; "
+            f"doubtful: {s.doubtful_txns}; errors: {c.get('errors', 0)}",
         ]
         lines += [f"    {e['time']} {e['source']}: {e['message']}" for e in s.last_errors]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def _protocol(s: InstanceStatus) -> str:
+    """What the sender used (`commit protocol`), and the setting if it chose by the store."""
+    if s.txn_protocol_used is None:
+        return f"txn_protocol = {s.txn_protocol}, not connected yet"
+    if s.txn_protocol_used == s.txn_protocol:
+        return f"{s.txn_protocol_used} protocol"
+    return f"{s.txn_protocol_used} protocol (txn_protocol = {s.txn_protocol})"
 
 
 def _time(ns: int | None) -> str:

@@ -1,14 +1,19 @@
-"""The two-phase commit against the real embedded store, step by step."""
+"""The two-phase commit against the real embedded store, step by step, in both protocols."""
 
 from __future__ import annotations
+
+import dataclasses
+import re
 
 import pytest
 
 from collectors.buffer import Buffer
 from collectors.coordinator import TransactionCoordinator
+from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
 from collectors.state import PendingEvent
-from pipeline.streams import open_store
+from pipeline.streams import Transaction, TxnState, Unsupported, open_store
+from pipeline.streams.embedded import EmbeddedStore
 
 STREAM = "site/samples"
 
@@ -41,6 +46,13 @@ def flushed_ready(store, buffer: Buffer, n: int):
         txn.write(event.payload, event.routing_key)
     txn.flush()
     return txn, buffer.mark_ready(txn.txn_id, STREAM, batch)
+
+
+def unknown_txn_id(tmp_path) -> str:
+    """A real transaction id that the test's store never saw (begun in another store)."""
+    with open_store(f"embedded:{tmp_path / 'elsewhere'}") as other:
+        other.create_stream(STREAM)
+        return other.begin_transaction(STREAM).txn_id
 
 
 def payloads(store) -> list[bytes]:
@@ -111,11 +123,9 @@ def test_a_transaction_the_store_aborted_is_requeued_not_lost(parts, store):
 def test_an_unknown_transaction_is_kept_as_doubtful_and_reported(parts, store, tmp_path):
     coordinator, buffer = parts
     fill(buffer, 3)
-    other = open_store(f"embedded:{tmp_path / 'elsewhere'}")
-    other.create_stream(STREAM)
-    foreign = other.begin_transaction(STREAM)  # an id this store never saw
-    buffer.record_open(foreign.txn_id, STREAM)
-    buffer.mark_ready(foreign.txn_id, STREAM, buffer.next_batch(2, 1 << 20))
+    foreign = unknown_txn_id(tmp_path)
+    buffer.record_open(foreign, STREAM)
+    buffer.mark_ready(foreign, STREAM, buffer.next_batch(2, 1 << 20))
     coordinator.recover()
     (record,) = buffer.txns()
     assert record.state == "doubtful" and "may or may not be in site/samples" in record.note
@@ -146,3 +156,244 @@ def test_time_bounds_follow_the_samples(parts, store, instance):
     assert [e.payload for e in store.read(STREAM, start, end)] == [b"a", b"b"]
     start, end = store.time_cuts(STREAM, 10_000, 20_000)
     assert list(store.read(STREAM, start, end)) == []
+
+
+# --- the commit protocol (stores that cannot flush a transaction) -------------------------
+
+
+@pytest.fixture
+def committing(make_config, store):
+    """A coordinator running the commit protocol against the embedded store, and its buffer."""
+    config = make_config(
+        {
+            "c": {
+                "driver": "generator",
+                "stream": STREAM,
+                "max_events_per_txn": 3,
+                "txn_protocol": "commit",
+            }
+        }
+    )
+    instance = config.instances[0]
+    store.create_stream(STREAM)
+    buffer = Buffer(instance.buffer_file, instance.capacity_events)
+    coordinator = TransactionCoordinator(store, buffer, instance, Failpoints())
+    assert coordinator.protocol == "commit"
+    return coordinator, buffer
+
+
+def recorded_open(store, buffer: Buffer, n: int):
+    """Step 1 of the commit protocol and the writes of step 2 for the next `n` events (the
+    commit is the test's to do, or not); return the stream txn and its record."""
+    batch = buffer.next_batch(n, 1 << 20)
+    txn = store.begin_transaction(STREAM)
+    record = buffer.record_open(txn.txn_id, STREAM, batch=batch)
+    for event in batch:
+        txn.write(event.payload, event.routing_key)
+    return txn, record
+
+
+def restarted(coordinator: TransactionCoordinator, store) -> TransactionCoordinator:
+    """A new coordinator on the same buffer file and store, as after a process restart."""
+    config = coordinator.config
+    buffer = Buffer(config.buffer_file, config.capacity_events)
+    return TransactionCoordinator(store, buffer, config, Failpoints())
+
+
+def drain(coordinator: TransactionCoordinator) -> None:
+    coordinator.recover()
+    while coordinator.send_batch():
+        coordinator.recover()
+
+
+def test_commit_protocol_sends_every_batch_once_in_order(committing, store):
+    coordinator, buffer = committing
+    fill(buffer, 7)
+    assert coordinator.send_batch() == 3
+    (held,) = buffer.txns()  # committed, forgotten with the next batch's record
+    assert (held.state, held.first_id, held.last_id, held.events) == ("open", 1, 3, 3)
+    fresh = Buffer(buffer.path, 10)  # as a restart (or `sluice collect status`) reads it
+    assert buffer.queued() == fresh.queued() == 4  # its rows are held out of the queue
+    assert [coordinator.send_batch() for _ in range(3)] == [3, 1, 0]
+    assert payloads(store) == [f"e{i}".encode() for i in range(7)]
+    assert buffer.depth() == 0 and buffer.txns() == []
+    assert buffer.counters()["txns_committed"] == 3
+    start, end = store.time_cuts(STREAM, 100, 103)  # samples of the first transaction only
+    assert [e.payload for e in store.read(STREAM, start, end)] == [b"e0", b"e1", b"e2"]
+
+
+def test_commit_protocol_a_committed_transaction_is_forgotten_not_resent(committing, store):
+    coordinator, buffer = committing
+    fill(buffer, 5)
+    txn, record = recorded_open(store, buffer, 3)
+    txn.commit(record.time_bounds)  # ... and the process dies before it forgets
+    again = restarted(coordinator, store)
+    assert again.recover() == 1
+    assert again.recover() == 0
+    drain(again)
+    assert payloads(store) == [b"e0", b"e1", b"e2", b"e3", b"e4"]
+    assert buffer.counters()["txns_recommitted"] == 1
+    assert buffer.depth() == 0 and buffer.txns() == []
+
+
+class CrashMidCommit(Exception):
+    """Stands for a SIGKILL after the first block of a commit landed."""
+
+
+def test_commit_protocol_a_commit_cut_short_is_finished(committing, store, monkeypatch):
+    from pipeline.streams.embedded.transactions import EmbeddedTransaction
+
+    coordinator, buffer = committing
+    fill(buffer, 4)
+
+    def crash(self, segment):
+        raise CrashMidCommit
+
+    with monkeypatch.context() as patch:
+        patch.setattr(EmbeddedTransaction, "_mark_done", crash)
+        with pytest.raises(CrashMidCommit):
+            coordinator.send_batch()
+    (record,) = buffer.txns()
+    assert store.get_transaction(STREAM, record.txn_id).state() == "committing"
+    again = restarted(coordinator, store)
+    assert again.recover() == 1
+    assert store.get_transaction(STREAM, record.txn_id).state() == "committed"
+    drain(again)
+    assert payloads(store) == [b"e0", b"e1", b"e2", b"e3"]
+    assert buffer.counters()["txns_recommitted"] == 1
+
+
+def test_commit_protocol_an_open_transaction_is_aborted_and_its_batch_resent(committing, store):
+    coordinator, buffer = committing
+    fill(buffer, 5)
+    txn, _ = recorded_open(store, buffer, 3)  # written, never committed: the crash came first
+    assert buffer.next_batch(10, 1 << 20)[0].payload == b"e3"  # held rows are not sent twice
+    again = restarted(coordinator, store)
+    assert again.recover() == 1
+    assert store.get_transaction(STREAM, txn.txn_id).state() == "aborted"
+    assert again.buffer.next_batch(10, 1 << 20)[0].payload == b"e0"  # back at the head
+    drain(again)
+    assert payloads(store) == [f"e{i}".encode() for i in range(5)]
+    assert buffer.counters()["txns_aborted"] == 1
+
+
+def test_commit_protocol_an_aborted_transaction_is_resent(committing, store):
+    coordinator, buffer = committing
+    fill(buffer, 4)
+    txn, _ = recorded_open(store, buffer, 2)
+    txn.abort()  # e.g. its lease ran out while the collector was down
+    assert coordinator.recover() == 1
+    assert buffer.txns() == []
+    drain(coordinator)
+    assert payloads(store) == [b"e0", b"e1", b"e2", b"e3"]
+
+
+def test_commit_protocol_a_lease_lost_at_commit_sends_the_batch_again(committing, store):
+    coordinator, buffer = committing
+    fill(buffer, 2)
+    short = dataclasses.replace(coordinator.config, txn_lease_seconds=1e-6)
+    hasty = TransactionCoordinator(store, buffer, short, Failpoints())
+    assert hasty.send_batch() == 2  # the store aborts it at commit: its lease ran out
+    assert payloads(store) == [] and buffer.txns() == []
+    assert buffer.queued() == 2
+    drain(coordinator)
+    assert payloads(store) == [b"e0", b"e1"]
+
+
+def test_commit_protocol_an_unknown_transaction_is_doubtful(committing, store, tmp_path):
+    coordinator, buffer = committing
+    fill(buffer, 3)
+    buffer.record_open(unknown_txn_id(tmp_path), STREAM, batch=buffer.next_batch(2, 1 << 20))
+    assert coordinator.recover() == 1
+    (record,) = buffer.txns()
+    assert record.state == "doubtful" and "may or may not be in site/samples" in record.note
+    assert (record.first_id, record.last_id) == (1, 2)
+    assert coordinator.recover() == 0  # reported once, never re-sent
+    drain(coordinator)
+    assert payloads(store) == [b"e2"]  # later events still flow
+    assert [e.payload for e in buffer.next_batch(10, 1 << 20)] == []
+    assert buffer.depth() == 2  # the doubtful rows are kept
+    assert buffer.counters()["errors"] == 1
+
+
+def test_recovery_follows_the_record_not_the_configured_protocol(parts, committing, store):
+    flush_coordinator, buffer = parts
+    commit_coordinator, _ = committing
+    fill(buffer, 4)
+    txn, record = recorded_open(store, buffer, 2)  # left by the commit protocol
+    txn.commit(record.time_bounds)
+    assert flush_coordinator.recover() == 1
+    flushed_ready(store, buffer, 2)  # left by the flush protocol
+    assert commit_coordinator.recover() == 1
+    assert payloads(store) == [b"e0", b"e1", b"e2", b"e3"]
+    assert buffer.depth() == 0 and buffer.counters()["txns_recommitted"] == 2
+
+
+# --- choosing the protocol ---------------------------------------------------------------
+
+
+class NoFlushTransaction(Transaction):
+    """The Pravega adapter's contract on an embedded transaction: events become durable
+    only inside `commit()`, so `flush()` is refused."""
+
+    def __init__(self, inner: Transaction) -> None:
+        self.inner, self.txn_id, self.stream = inner, inner.txn_id, inner.stream
+
+    def write(self, payload: bytes, routing_key: str | None = None) -> None:
+        self.inner.write(payload, routing_key)
+
+    def flush(self) -> None:
+        backend = "a store without txn_flush"
+        raise Unsupported(backend, "flush a transaction", "commit it (that waits for the events)")
+
+    def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
+        self.inner.commit(time_bounds)
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    def state(self) -> TxnState:
+        return self.inner.state()
+
+
+class NoFlushStore(EmbeddedStore):
+    features = EmbeddedStore.features - {"txn_flush"}
+
+    def begin_transaction(self, stream: str, lease_seconds: float = 3600.0) -> Transaction:
+        return NoFlushTransaction(super().begin_transaction(stream, lease_seconds))
+
+    def get_transaction(self, stream: str, txn_id: str) -> Transaction:
+        return NoFlushTransaction(super().get_transaction(stream, txn_id))
+
+
+def test_auto_picks_the_commit_protocol_for_a_store_that_cannot_flush(instance, store_dir):
+    assert instance.txn_protocol == "auto"
+    with NoFlushStore(store_dir) as store:
+        store.create_stream(STREAM)
+        buffer = Buffer(instance.buffer_file, instance.capacity_events)
+        coordinator = TransactionCoordinator(store, buffer, instance, Failpoints())
+        assert coordinator.protocol == "commit"
+        fill(buffer, 4)
+        drain(coordinator)
+        assert payloads(store) == [b"e0", b"e1", b"e2", b"e3"]
+        flush = dataclasses.replace(instance, txn_protocol="flush")
+        message = (
+            f"collector config: instance c: txn_protocol = 'flush' needs a store that can "
+            f'flush transactions, and {instance.store} cannot; set txn_protocol = "commit"'
+        )
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            TransactionCoordinator(store, buffer, flush, Failpoints())
+
+
+def test_auto_picks_the_flush_protocol_for_the_embedded_store(parts):
+    coordinator, _ = parts
+    assert coordinator.protocol == "flush"
+
+
+def test_a_bad_txn_protocol_is_one_clear_error(make_config):
+    message = (
+        "collector config: instance c (generator): instances.c.txn_protocol = 'fast' is not "
+        "one of auto, flush, commit; auto picks flush where the store can flush transactions"
+    )
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_config({"c": {"driver": "generator", "stream": STREAM, "txn_protocol": "fast"}})

@@ -43,6 +43,7 @@ def test_sigterm_drains_the_buffer_and_status_tells_the_story(write_config, stor
     assert status.returncode == 0, status.stderr
     assert "gen (generator -> lab/gen): running, sender sending" in status.stdout
     assert "last committed sample: 20" in status.stdout
+    assert "transactions: flush protocol (txn_protocol = auto); awaiting" in status.stdout
 
     second = run_cli("collect", "--config", str(path))
     assert second.returncode == 1
@@ -66,6 +67,7 @@ def test_sigterm_drains_the_buffer_and_status_tells_the_story(write_config, stor
     report = json.loads(run_cli("collect", "--config", str(path), "status", "--json").stdout)
     (gen,) = report
     assert gen["running"] is False and gen["sender_state"] == "stopped"
+    assert (gen["txn_protocol"], gen["txn_protocol_used"]) == ("auto", "flush")
     assert gen["depth_events"] == 0 and gen["pending_txns"] == 0
     assert gen["counters"]["samples_committed"] == next_seq
     assert gen["last_committed_ns"] <= time.time_ns()
@@ -76,6 +78,7 @@ def test_status_of_an_instance_that_never_ran(write_config):
     result = run_cli("collect", "--config", str(path), "status")
     assert result.returncode == 0
     assert "gen (generator -> lab/gen): not running, sender never started" in result.stdout
+    assert "transactions: txn_protocol = auto, not connected yet;" in result.stdout
 
 
 BLOCKER = """

@@ -19,18 +19,11 @@ from datetime import UTC
 from typing import TYPE_CHECKING, TextIO
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import (
-    BatchReport,
-    JobSummary,
-    RunOptions,
-    await_query,
-    resolve_start,
-    source_frame,
-    with_trigger,
-)
+from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +69,12 @@ def console(
     """Print the stream's events until caught up, or follow it (`continuous`)."""
     identity = JobIdentity("console", f"{spec.store}#{spec.stream}", "console")
     root = run.checkpoint or default_checkpoint("console", spec.stream, "console")
+
+    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
+        printer = _printer(spec, out or sys.stdout)
+        return events.writeStream.foreachBatch(printer).queryName(f"console {spec.stream}")
+
     with Checkpoint(root, identity) as checkpoint:
-        run = resolve_start(checkpoint, run, spec.store, spec.stream)
-        events = source_frame(spark, spec.store, spec.stream, run)
-        writer = (
-            events.writeStream.foreachBatch(_printer(spec, out or sys.stdout))
-            .option("checkpointLocation", str(checkpoint.spark_dir))
-            .queryName(f"console {spec.stream}")
-        )
-        query = with_trigger(writer, run).start()
-        batches = await_query("console", query, run, report, first_start=checkpoint.start_cut)
+        source = JobSource(spec.store, spec.stream)
+        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
         return JobSummary("console", str(checkpoint.root), batches, {})

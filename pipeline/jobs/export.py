@@ -27,19 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import (
-    BatchReport,
-    JobSummary,
-    RunOptions,
-    await_query,
-    resolve_start,
-    source_frame,
-    with_trigger,
-)
+from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
 from pipeline.schemas import flatten_plan
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
 
 DEFAULT_FORMATS = ("parquet", "csv")
 
@@ -68,10 +61,8 @@ def export(
     output = spec.output.absolute()
     identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
     root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
-    with Checkpoint(root, identity) as checkpoint:
-        run = resolve_start(checkpoint, run, spec.store, spec.stream)
-        # Range rows: each task reads its range from the store and flattens it itself.
-        events = source_frame(spark, spec.store, spec.stream, run, emit="ranges")
+
+    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
         writer = (
             events.writeStream.format("sluice-export")
             .option("schema", plan.schema.source)
@@ -79,20 +70,16 @@ def export(
             .option("formats", ",".join(spec.formats))
             .option("maxRowsPerFile", str(spec.max_rows_per_file))
             .option("state", str(checkpoint.ledger_path))
-            .option("checkpointLocation", str(checkpoint.spark_dir))
             .queryName(f"export {spec.stream} -> {output}")
         )
         if spec.time_field is not None:
             writer = writer.option("timeField", spec.time_field)
-        query = with_trigger(writer, run).start()
-        batches = await_query(
-            "export",
-            query,
-            run,
-            report,
-            checkpoint.ledger_path,
-            first_start=checkpoint.start_cut,
-        )
+        return writer
+
+    with Checkpoint(root, identity) as checkpoint:
+        # Range rows: each task reads its range from the store and flattens it itself.
+        source = JobSource(spec.store, spec.stream, emit="ranges")
+        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
         outputs = {
             "output": str(output),
             "formats": list(spec.formats),

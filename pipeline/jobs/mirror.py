@@ -27,19 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import (
-    BatchReport,
-    JobSummary,
-    RunOptions,
-    await_query,
-    resolve_start,
-    source_frame,
-    with_trigger,
-)
+from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
 from pipeline.streams import open_store
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
 
     from pipeline.spark.options import CommitMode
 
@@ -74,29 +67,23 @@ def mirror(
     """Run the mirror until caught up (`available-now`) or until stopped (`continuous`)."""
     identity = JobIdentity("mirror", f"{spec.store}#{spec.stream}", f"{spec.to_store}#{spec.to}")
     root = run.checkpoint or default_checkpoint("mirror", spec.stream, spec.to)
-    with Checkpoint(root, identity) as checkpoint:
-        run = resolve_start(checkpoint, run, spec.store, spec.stream)
-        ensure_target(spec)
-        # Range rows: each task copies its range from the source store itself.
-        events = source_frame(spark, spec.store, spec.stream, run, emit="ranges")
+    ensure_target(spec)
+
+    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
         writer = (
             events.writeStream.format("sluice")
             .option("store", spec.to_store)
             .option("stream", spec.to)
             .option("state", str(checkpoint.ledger_path))
-            .option("checkpointLocation", str(checkpoint.spark_dir))
+            .option("commitMode", spec.commit_mode)
             .queryName(f"mirror {spec.stream} -> {spec.to}")
         )
-        writer = writer.option("commitMode", spec.commit_mode)
         if spec.fixed_routing_key is not None:
             writer = writer.option("routingKey", spec.fixed_routing_key)
-        query = with_trigger(writer, run).start()
-        batches = await_query(
-            "mirror",
-            query,
-            run,
-            report,
-            checkpoint.ledger_path,
-            first_start=checkpoint.start_cut,
-        )
+        return writer
+
+    with Checkpoint(root, identity) as checkpoint:
+        # Range rows: each task copies its range from the source store itself.
+        source = JobSource(spec.store, spec.stream, emit="ranges")
+        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
         return JobSummary("mirror", str(checkpoint.root), batches, {"stream": spec.to})

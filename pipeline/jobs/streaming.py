@@ -114,6 +114,41 @@ class JobSummary:
         return self.batches[-1].lag_bytes if self.batches else None
 
 
+@dataclass(frozen=True, slots=True)
+class JobSource:
+    """The stream a job reads, and the rows it wants (`events`, or `ranges` for a sink that
+    reads the store itself)."""
+
+    store: str
+    stream: str
+    emit: Literal["events", "ranges"] = "events"
+
+
+def run_query(
+    spark: SparkSession,
+    checkpoint: Checkpoint,
+    source: JobSource,
+    *,
+    run: RunOptions,
+    sink: Callable[[DataFrame, Checkpoint], DataStreamWriter],
+    report: Callable[[BatchReport], None],
+) -> tuple[BatchReport, ...]:
+    """What every streaming job does on its acquired checkpoint: start at `--from` (first
+    run) or where it stopped, read `source`, write through `sink`, report each batch."""
+    run = resolve_start(checkpoint, run, source.store, source.stream)
+    events = source_frame(spark, source.store, source.stream, run, emit=source.emit)
+    writer = sink(events, checkpoint).option("checkpointLocation", str(checkpoint.spark_dir))
+    query = with_trigger(writer, run).start()
+    return await_query(
+        checkpoint.identity.job,
+        query,
+        run,
+        report,
+        checkpoint.ledger_path,  # a sink without a ledger leaves none: counts come from Spark
+        first_start=checkpoint.start_cut,
+    )
+
+
 def source_frame(
     spark: SparkSession, store: str, stream: str, run: RunOptions, emit: str = "events"
 ) -> DataFrame:

@@ -1,11 +1,12 @@
-"""A generator collector SIGKILLed over a hundred times at random points, restarted each time:
-afterwards every sequence number is in the stream exactly once, in order.
+"""A generator collector SIGKILLed at random points, restarted each time: afterwards every
+sequence number is in the stream exactly once, in order. Under each transaction protocol
+(`coordinator.py`): the flush protocol over a hundred times, the commit protocol forty.
 
 Kills come two ways: a timer (anywhere at all), and failpoints (`collectors/failpoints.py`)
 that make the process SIGKILL itself at a chosen step of the protocol, among them inside the
-SQLite transaction that records a flushed stream transaction, and between that transaction
-and the stream commit. Every failpoint is used at least once per run. Set SLUICE_TEST_SEED to
-replay a run.
+SQLite transaction that records a flushed stream transaction (flush) or a begun one with its
+batch (commit), and between that and the stream commit. Every failpoint of the protocol is
+used at least once per run. Set SLUICE_TEST_SEED to replay a run.
 """
 
 from __future__ import annotations
@@ -26,31 +27,41 @@ from tests.collectors.conftest import REPO, read_payloads, toml_text
 
 pytestmark = pytest.mark.slow
 
-KILLS = 110
 WORKER = Path(__file__).with_name("collector_worker.py")
-POINTS = (
+DRIVER_POINTS = (
     "buffer.in_append_txn",  # inside the driver's SQLite commit
     "driver.after_append",
     "sender.before_begin",
+)
+FORGET_POINTS = ("sender.after_stream_commit", "sender.in_forget_txn", "sender.after_forget")
+FLUSH_POINTS = (
+    *DRIVER_POINTS,
     "sender.after_record_open",
     "sender.mid_write",
     "sender.after_flush",
     "sender.in_ready_txn",  # inside the SQLite transaction of the two-phase commit
     "sender.after_ready",  # between it and the stream commit
-    "sender.after_stream_commit",
-    "sender.in_forget_txn",
-    "sender.after_forget",
+    *FORGET_POINTS,
+)
+COMMIT_POINTS = (
+    *DRIVER_POINTS,
+    "sender.in_open_txn",  # inside the SQLite transaction that records the batch
+    "sender.after_record_open",
+    "sender.mid_write",
+    "sender.before_commit",
+    *FORGET_POINTS,
 )
 STREAM = "lab/kill"
 
 
-def write_config(tmp_path: Path, max_samples: int | None) -> Path:
+def write_config(tmp_path: Path, protocol: str, max_samples: int | None) -> Path:
     table = {
         "driver": "generator",
         "stream": STREAM,
         "samples_per_sec": 20_000,
         "samples_per_event": 100,
         "max_events_per_txn": 8,
+        "txn_protocol": protocol,
     }
     if max_samples is not None:
         table["max_samples"] = max_samples
@@ -78,23 +89,32 @@ def start(config: Path, failpoint: str | None) -> subprocess.Popen:
     )
 
 
-def schedule(rng: random.Random) -> list[str | None]:
+def schedule(rng: random.Random, points: tuple[str, ...], kills: int) -> list[str | None]:
     """Each failpoint once (hit 1-3), then a random mix of failpoints and timer kills."""
-    first = [f"{p}:{rng.randint(1, 3)}" for p in rng.sample(POINTS, len(POINTS))]
+    first = [f"{p}:{rng.randint(1, 3)}" for p in rng.sample(points, len(points))]
     rest = [
-        f"{rng.choice(POINTS)}:{rng.randint(1, 4)}" if rng.random() < 0.5 else None
-        for _ in range(KILLS - len(first))
+        f"{rng.choice(points)}:{rng.randint(1, 4)}" if rng.random() < 0.5 else None
+        for _ in range(kills - len(first))
     ]
     return first + rest
 
 
-def test_generator_killed_at_random_points_keeps_every_sample_once_in_order(tmp_path):
+@pytest.mark.parametrize(
+    ("protocol", "points", "planned"),
+    [
+        pytest.param("flush", FLUSH_POINTS, 110, id="flush"),
+        pytest.param("commit", COMMIT_POINTS, 40, id="commit"),
+    ],
+)
+def test_generator_killed_at_random_points_keeps_every_sample_once_in_order(
+    tmp_path, protocol, points, planned
+):
     seed = int(os.environ.get("SLUICE_TEST_SEED") or time.time_ns() % 2**32)
     rng = random.Random(seed)
-    config = write_config(tmp_path, max_samples=None)
+    config = write_config(tmp_path, protocol, max_samples=None)
     fired: Counter[str] = Counter()
     kills = 0
-    for failpoint in schedule(rng):
+    for failpoint in schedule(rng, points, planned):
         process = start(config, failpoint)
         try:
             # a failpoint fires by itself; a timer kill (or a failpoint not reached) comes later
@@ -107,15 +127,15 @@ def test_generator_killed_at_random_points_keeps_every_sample_once_in_order(tmp_
         kills += 1
         if failpoint and f"failpoint {failpoint.split(':')[0]}: SIGKILL" in stderr:
             fired[failpoint.split(":")[0]] += 1
-    assert kills >= 100
-    missing = [p for p in POINTS if not fired[p]]
+    assert kills == planned
+    missing = [p for p in points if not fired[p]]
     assert not missing, f"seed {seed}: failpoints never reached: {missing}"
 
     buffer = Buffer(tmp_path / "state" / "gen.db", 10)
     generated = buffer.cursor("generator").value["next_seq"]
     buffer.close()
     total = generated + 1_000
-    final = start(write_config(tmp_path, max_samples=total), None)
+    final = start(write_config(tmp_path, protocol, max_samples=total), None)
     assert final.wait(timeout=180) == 0, final.stderr.read()
 
     payloads = read_payloads(tmp_path / "streams", STREAM)
@@ -126,4 +146,9 @@ def test_generator_killed_at_random_points_keeps_every_sample_once_in_order(tmp_
     assert all(p["Value"] == [s * 37 % 1000 for s in p["Sequence"]] for p in payloads)
     state = Buffer(tmp_path / "state" / "gen.db", 10)
     assert state.depth() == 0 and state.txns() == []
-    print(json.dumps({"seed": seed, "kills": kills, "failpoints": dict(fired), "samples": total}))
+    assert state.meta()["txn_protocol"] == protocol
+    counters = state.counters()
+    # both recovery paths ran: a transaction committed again, and one aborted and resent
+    assert counters["txns_recommitted"] and counters["txns_aborted"], f"seed {seed}: {counters}"
+    report = {"protocol": protocol, "seed": seed, "kills": kills, "samples": total}
+    print(json.dumps(report | {"failpoints": dict(fired)}))

@@ -47,14 +47,14 @@ demo: install java
 
 test: install java system-deps
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
-	$(PY) -m pytest -m slow -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" --durations=8 $(PYTEST_ARGS)
+	$(PY) -m pytest -m slow -n 2 --durations=12 $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" -x $(PYTEST_ARGS)
 
 test-slow: install
-	$(PY) -m pytest -m slow -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -m slow -n 2 --durations=12 $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

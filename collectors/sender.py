@@ -57,6 +57,10 @@ class Sender:
         """Send until `halt` is set, or until `drain` is set and the buffer is empty."""
         self.buffer.set_meta(_identity(self.config))
         while not halt.is_set():
+            # Read before the step: an empty queue ends the drain only if it was seen after
+            # the drivers had stopped (they stop before `drain` is set), not before their
+            # last append.
+            draining = drain.is_set()
             try:
                 sent = self._step(drain)
             except Exception as exc:
@@ -67,7 +71,7 @@ class Sender:
             self._heartbeat()
             if sent:
                 continue
-            if drain.is_set():
+            if draining:
                 break
             with self.buffer.room:
                 self.buffer.room.wait(0.5)

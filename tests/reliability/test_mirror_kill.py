@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 KEYS = 6
 
 
-@pytest.mark.parametrize(("commit_mode", "kills"), [("tasks", 14), ("driver", 8)])
+@pytest.mark.parametrize(("commit_mode", "kills"), [("tasks", 20), ("driver", 6)])
 def test_mirror_driver_killed_at_random_points(tmp_path, commit_mode, kills):
     seed = int(os.environ.get("SLUICE_CRASH_SEED", "0")) or None
     edge, cloud = f"embedded:{tmp_path / 'edge'}", f"embedded:{tmp_path / 'cloud'}"

@@ -47,7 +47,7 @@ demo: install java
 
 test: install java system-deps
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not slow" --durations=8 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n 2 --durations=8 $(PYTEST_ARGS)
 	$(PY) -m pytest -m slow -n 2 --durations=12 $(PYTEST_ARGS)
 
 test-fast: install

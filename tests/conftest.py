@@ -29,7 +29,8 @@ def store(store_dir):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One Spark session (`local[2]`) for the whole run, with the `sluice` sources registered.
+    """One Spark session (`local[2]`) for the whole run (per pytest-xdist worker: `make test`
+    runs two), with the `sluice` sources registered.
 
     pyspark is imported here, not at module level, so tests that never ask for Spark do not
     pay for it (and the edge install can run its tests). Mark such tests `pytest.mark.spark`.

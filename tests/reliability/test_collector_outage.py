@@ -47,7 +47,9 @@ def test_store_directory_unavailable_then_back(tmp_path):
     store_dir = blocked / "streams"
     path = write(tmp_path, f"embedded:{store_dir}", samples_per_sec=5_000, max_samples=25_000)
     running = RunningService(load_config(path, {}, "unused", tmp_path))
-    wait_for(lambda: buffer_of(tmp_path).depth() >= 100, timeout=30)  # 2 s of samples buffered
+    # 2 s of samples buffered; a generous timeout, as the Spark kill suites run beside this
+    # test in `make test` (they once slowed it past 30 s).
+    wait_for(lambda: buffer_of(tmp_path).depth() >= 100, timeout=90)
     state = buffer_of(tmp_path)
     assert state.meta()["sender_state"].startswith("retrying: StoreUnavailable")
     (message,) = state.conn.execute("SELECT message FROM errors ORDER BY id LIMIT 1").fetchone()

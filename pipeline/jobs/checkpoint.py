@@ -103,10 +103,7 @@ class Checkpoint:
 
     def record_start(self, cut: str) -> None:
         """Remember where a new checkpoint starts, before its first batch is planned."""
-        path = self.root / "start_cut"
-        temp = path.with_suffix(".tmp")
-        temp.write_text(cut + "\n")
-        os.replace(temp, path)
+        _replace_text(self.root / "start_cut", cut + "\n")
 
     @property
     def is_new(self) -> bool:
@@ -156,9 +153,14 @@ class Checkpoint:
             if recorded != self.identity:
                 raise CheckpointMismatch(self.root, recorded.describe(), self.identity.describe())
             return
-        temp = path.with_suffix(".json.tmp")
-        temp.write_text(json.dumps(asdict(self.identity), indent=2) + "\n")
-        os.replace(temp, path)
+        _replace_text(path, json.dumps(asdict(self.identity), indent=2) + "\n")
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a temporary file renamed over it)."""
+    temp = path.with_name(path.name + ".tmp")
+    temp.write_text(text)
+    os.replace(temp, path)
 
 
 def recorded_start(root: Path) -> str | None:

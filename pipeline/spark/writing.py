@@ -125,9 +125,11 @@ def _marker_dir(opts: SinkOptions) -> Path | None:
 class _TaskWriter:
     """Writes one task's rows into one transaction (executor side)."""
 
-    def __init__(self, opts: SinkOptions, store: StreamStore) -> None:
+    def __init__(
+        self, opts: SinkOptions, store: StreamStore, txn: Transaction | None = None
+    ) -> None:
         self.opts, self.store = opts, store
-        self.txn: Transaction | None = None
+        self.txn = txn
         self.events = self.bytes = 0
         self.order: tuple[int, int] | None = None
         self.t_min: int | None = None
@@ -348,6 +350,23 @@ def sweep_open(store: StreamStore, opts: SinkOptions, keep: set[str]) -> None:
         marker.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class _Attempts:
+    """Where `commitMode=driver` records batch N's attempts: the ledger, or nowhere for a
+    batch write without `state` and `batchId` (exactly-once only while its driver lives)."""
+
+    ledger: BatchLedger | None
+    batch_id: int | None
+
+    def record(self, plan: BatchPlan) -> None:
+        if self.ledger is not None and self.batch_id is not None:
+            self.ledger.attempt(self.batch_id, plan)
+
+    def finish(self, stats: dict[str, Any]) -> None:
+        if self.ledger is not None and self.batch_id is not None:
+            self.ledger.finish(self.batch_id, stats)
+
+
 def write_on_driver(opts: SinkOptions, messages: list[Any], batch_id: int | None) -> dict:
     """`commitMode=driver`: the batch's handed-over rows in one transaction (module doc)."""
     handed = sorted(
@@ -356,7 +375,7 @@ def write_on_driver(opts: SinkOptions, messages: list[Any], batch_id: int | None
     )
     with open_store(opts.store) as store:
         if opts.state is None or batch_id is None:
-            return _publish_handed(store, opts, handed, None, batch_id)
+            return _publish_handed(store, opts, handed, _Attempts(None, None))
         with BatchLedger(opts.state) as ledger:
             earlier = ledger.get(batch_id)
             if earlier is not None and earlier.state == "done":
@@ -365,7 +384,7 @@ def write_on_driver(opts: SinkOptions, messages: list[Any], batch_id: int | None
                 stats = earlier.plan["stats"]
                 ledger.finish(batch_id, stats)
                 return stats
-            return _publish_handed(store, opts, handed, ledger, batch_id)
+            return _publish_handed(store, opts, handed, _Attempts(ledger, batch_id))
 
 
 def _finished_before(store: StreamStore, stream: str, record: BatchRecord) -> bool:
@@ -390,23 +409,16 @@ def _finished_before(store: StreamStore, stream: str, record: BatchRecord) -> bo
 
 
 def _publish_handed(
-    store: StreamStore,
-    opts: SinkOptions,
-    handed: list[HandoverMessage],
-    ledger: BatchLedger | None,
-    batch_id: int | None,
+    store: StreamStore, opts: SinkOptions, handed: list[HandoverMessage], attempts: _Attempts
 ) -> dict:
     stats: dict[str, Any] = {"transactions": 0, "events": 0, "bytes": 0}
     if not handed:
-        if ledger is not None and batch_id is not None:
-            ledger.attempt(batch_id, _driver_plan(None, stats))
-            ledger.finish(batch_id, stats)
+        attempts.record(_driver_plan(None, stats))
+        attempts.finish(stats)
         return stats
     txn = store.begin_transaction(opts.stream)
-    if ledger is not None and batch_id is not None:
-        ledger.attempt(batch_id, _driver_plan(txn.txn_id, None))
-    writer = _TaskWriter(opts, store)
-    writer.txn = txn
+    attempts.record(_driver_plan(txn.txn_id, None))
+    writer = _TaskWriter(opts, store, txn)
     try:
         for message in handed:
             for row in message.ranges:
@@ -419,11 +431,9 @@ def _publish_handed(
         writer.abort()
         raise
     stats = {"transactions": 1, "events": writer.events, "bytes": writer.bytes}
-    if ledger is not None and batch_id is not None:
-        ledger.attempt(batch_id, _driver_plan(txn.txn_id, stats, writer.time_bounds))
+    attempts.record(_driver_plan(txn.txn_id, stats, writer.time_bounds))
     txn.commit(time_bounds=writer.time_bounds)
-    if ledger is not None and batch_id is not None:
-        ledger.finish(batch_id, stats)
+    attempts.finish(stats)
     return stats
 
 

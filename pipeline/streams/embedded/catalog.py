@@ -107,21 +107,14 @@ class Catalog:
                 raise
             cur.execute("COMMIT")
 
-    def query(self, sql: str, params: tuple = ()) -> list[tuple]:
+    def query(self, sql: str, params: tuple = (), *, index: bool = False) -> list[tuple]:
+        """Read the metadata, or with `index` the block index and writer positions (the
+        NORMAL-sync connection)."""
         with self._lock:
-            return self.meta.execute(sql, params).fetchall()
+            return (self.index if index else self.meta).execute(sql, params).fetchall()
 
-    def query_one(self, sql: str, params: tuple = ()) -> tuple | None:
-        rows = self.query(sql, params)
-        return rows[0] if rows else None
-
-    def index_query(self, sql: str, params: tuple = ()) -> list[tuple]:
-        """Read the block index and writer positions (the NORMAL-sync connection)."""
-        with self._lock:
-            return self.index.execute(sql, params).fetchall()
-
-    def index_query_one(self, sql: str, params: tuple = ()) -> tuple | None:
-        rows = self.index_query(sql, params)
+    def query_one(self, sql: str, params: tuple = (), *, index: bool = False) -> tuple | None:
+        rows = self.query(sql, params, index=index)
         return rows[0] if rows else None
 
     def close(self) -> None:

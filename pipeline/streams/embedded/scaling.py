@@ -122,10 +122,11 @@ def auto_scale(
     rates = {}
     for seg, _, _ in active:
         store.catch_up(row, seg)
-        events, size = store.catalog.index_query_one(
+        events, size = store.catalog.query_one(
             "SELECT COALESCE(SUM(events), 0), COALESCE(SUM(length), 0) FROM blocks"
             " WHERE stream_id=? AND segment=? AND ingest_ns>=?",
             (row.id, seg, since),
+            index=True,
         )
         amount = events if policy.kind == "events_per_second" else size / 1024
         rates[seg] = amount / window_seconds

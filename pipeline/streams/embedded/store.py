@@ -228,10 +228,11 @@ class EmbeddedStore(StreamStore):
 
     def _count_from(self, row: StreamRow, seg: int, head: int, tail: int) -> tuple[int, int]:
         first = self._block_at(row, seg, head)
-        events = self.catalog.index_query_one(
+        events = self.catalog.query_one(
             "SELECT COALESCE(SUM(events), 0) FROM blocks"
             " WHERE stream_id=? AND segment=? AND offset>=?",
             (row.id, seg, head),
+            index=True,
         )[0]
         if first is not None and first.offset < head:
             events += sum(1 for e in self.read_segment(row.qualified, seg, head, first.end))
@@ -252,10 +253,11 @@ class EmbeddedStore(StreamStore):
         return self.catalog.query(sql + " ORDER BY segment", (row.id,))
 
     def indexed_end(self, row: StreamRow, segment: int) -> int:
-        found = self.catalog.index_query_one(
+        found = self.catalog.query_one(
             "SELECT offset + length FROM blocks WHERE stream_id=? AND segment=?"
             " ORDER BY offset DESC LIMIT 1",
             (row.id, segment),
+            index=True,
         )
         return found[0] if found else 0
 
@@ -313,9 +315,10 @@ class EmbeddedStore(StreamStore):
         return at
 
     def writer_position(self, row: StreamRow, segment: int, writer_id: str) -> int:
-        found = self.catalog.index_query_one(
+        found = self.catalog.query_one(
             "SELECT last_event_number FROM writers WHERE stream_id=? AND segment=? AND writer_id=?",
             (row.id, segment, writer_id),
+            index=True,
         )
         return found[0] if found else 0
 
@@ -397,19 +400,21 @@ class EmbeddedStore(StreamStore):
         """Indexed blocks that hold bytes of [start, end)."""
         first = self._block_at(row, segment, start)
         lo = first.offset if first is not None else start
-        rows = self.catalog.index_query(
+        rows = self.catalog.query(
             "SELECT offset, length, events, ingest_ns, t_min, t_max FROM blocks"
             " WHERE stream_id=? AND segment=? AND offset>=? AND offset<? ORDER BY offset",
             (row.id, segment, lo, end),
+            index=True,
         )
         return [BlockRow(*r) for r in rows]
 
     def _block_at(self, row: StreamRow, segment: int, offset: int) -> BlockRow | None:
         """The indexed block that contains `offset`, if any."""
-        found = self.catalog.index_query_one(
+        found = self.catalog.query_one(
             "SELECT offset, length, events, ingest_ns, t_min, t_max FROM blocks"
             " WHERE stream_id=? AND segment=? AND offset<=? ORDER BY offset DESC LIMIT 1",
             (row.id, segment, offset),
+            index=True,
         )
         block = BlockRow(*found) if found else None
         return block if block is not None and offset < block.end else None

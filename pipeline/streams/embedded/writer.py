@@ -39,9 +39,10 @@ class EmbeddedWriter(EventWriter):
         if self.writer_id is None:
             return 0
         self.store.tail(self.row.qualified)  # index what crashed writers left unindexed
-        found = self.store.catalog.index_query_one(
+        found = self.store.catalog.query_one(
             "SELECT MAX(last_event_number) FROM writers WHERE stream_id=? AND writer_id=?",
             (self.row.id, self.writer_id),
+            index=True,
         )
         return found[0] or 0
 

@@ -9,17 +9,19 @@ import pytest
 #: takes one at a time) each worker starts with about the same load, and both finish
 #: together instead of one waiting on the last long suite.
 LONG_FIRST = (
-    "test_export_kill.py::test_export_driver_killed_at_random_points",
-    "test_mirror_kill.py::test_mirror_driver_killed_at_random_points[driver-6]",
-    "test_mirror_kill.py::test_mirror_driver_killed_at_random_points[tasks-14]",
-    "test_bookmark_kill.py::test_bookmark_driver_killed_at_random_points",
+    ("test_export_kill.py", None),
+    ("test_mirror_kill.py", "driver"),
+    ("test_mirror_kill.py", "tasks"),
+    ("test_bookmark_kill.py", None),
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        name = f"{item.path.name}::{item.name}"
-        return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
+        callspec = getattr(item, "callspec", None)
+        mode = callspec.params.get("commit_mode") if callspec is not None else None
+        key = (item.path.name, mode)
+        return LONG_FIRST.index(key) if key in LONG_FIRST else len(LONG_FIRST)
 
     items.sort(key=rank)  # stable: every other test keeps its order
 

@@ -1,0 +1,77 @@
+"""Durable, atomic file writes: the one way Sluice replaces a file.
+
+A reader sees either the old file or the whole new one, never a part, and once a write
+returns it survives a power cut: the data goes to a hidden temporary name beside the target,
+is fsynced, renamed over the target, and the directory is fsynced so the rename itself is
+durable. Standard library only: the stream store and the edge collectors use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (which makes the names created in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory: the entries created, renamed or removed in it become durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def staging_name(path: Path) -> Path:
+    """The hidden temporary name a new version of `path` is written to before its rename."""
+    return path.with_name(f".{path.name}.tmp{path.suffix}")
+
+
+@contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary path to write `path`'s new content to (by any library); on a clean
+    exit it is fsynced and renamed over `path`, on an error it is removed and `path` is left
+    as it was. Parent directories are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_name(path)
+    try:
+        yield staging
+        fsync_path(staging)
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_bytes(path: Path | str, data: bytes) -> Path:
+    """Replace `path` with `data`, atomically and durably."""
+    path = Path(path)
+    with atomic_path(path) as staging:
+        staging.write_bytes(data)
+    return path
+
+
+def write_text(path: Path | str, text: str) -> Path:
+    """Replace `path` with `text` (UTF-8), atomically and durably."""
+    return write_bytes(path, text.encode())
+
+
+def write_json(path: Path | str, data: Any, **dumps: Any) -> Path:
+    """Replace `path` with `data` as JSON (indented, one trailing newline), atomically and
+    durably. Keyword arguments go to `json.dumps` (e.g. `sort_keys=True`, `default=str`)."""
+    dumps.setdefault("indent", 2)
+    return write_text(path, json.dumps(data, **dumps) + "\n")

@@ -1,0 +1,1 @@
+"""Sluice's jobs: plain functions over a SparkSession (mirror, export, console, bookmark, replay, join)."""

@@ -23,6 +23,7 @@ from typing import Any
 import dagster as dg
 import yaml
 
+from pipeline import durable
 from pipeline.settings import SluiceSettings, load_settings
 
 EXCLUSIVE_TAG = "sluice/exclusive"
@@ -51,9 +52,7 @@ def prepare_dagster_home(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
     if not config.exists():
-        staging = config.with_suffix(".yaml.tmp")
-        staging.write_text(yaml.safe_dump(instance_config(), sort_keys=False))
-        staging.replace(config)
+        durable.write_text(config, yaml.safe_dump(instance_config(), sort_keys=False))
     with dg.DagsterInstance.from_config(str(path)) as instance:
         instance.get_runs(limit=1)
         instance.get_asset_keys(limit=1)

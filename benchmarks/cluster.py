@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/cluster.py [--events 10000] [--samples 1000] [--batches 8]
 
 A master and workers of one core each are started on loopback from pyspark's own scripts
-(tests/spark/standalone.py); `sluice run export` runs against the cluster with
+(pipeline/spark/standalone.py); `sluice run export` runs against the cluster with
 SLUICE_SPARK_MASTER set, as a user would switch a job to a cluster. The same NIC events
 (benchmarks/export.py's generator) are exported with 1 executor (one worker) and then with 2
 (two workers), in `--batches` micro-batches. Two figures per cluster:
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.export import parquet_rows, prepare  # noqa: E402
-from tests.spark.standalone import standalone_cluster  # noqa: E402
+from pipeline.spark.standalone import standalone_cluster  # noqa: E402
 
 BATCH_LINE = re.compile(r"export batch (\d+): (\d+) events, (\d+) rows, .*?, (\d+) ms,")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,26 +36,39 @@ def fsync_dir(path: Path) -> None:
 
 
 def staging_name(path: Path) -> Path:
-    """The hidden temporary name a new version of `path` is written to before its rename."""
-    return path.with_name(f".{path.name}.tmp{path.suffix}")
+    """The hidden temporary name a new version of `path` is written to before its rename. It
+    ends in `.tmp`, so no glob for the final files' extension (`*.parquet`) ever matches it."""
+    return path.with_name(f".{path.name}.tmp")
 
 
 @contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
-    """Yield a temporary path to write `path`'s new content to (by any library); on a clean
-    exit it is fsynced and renamed over `path`, on an error it is removed and `path` is left
-    as it was. Parent directories are created."""
+    """Yield a temporary path to write `path`'s new content to, by any library: a file, or a
+    directory of files. On a clean exit it is fsynced and renamed over `path` (a directory
+    only onto a name that does not exist yet); on an error it is removed and `path` is left
+    as it was. A staging leftover of an earlier crash is removed first; parents are created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_name(path)
+    _remove(staging)
     try:
         yield staging
+        if staging.is_dir():
+            for child in staging.iterdir():
+                fsync_path(child)
         fsync_path(staging)
         os.replace(staging, path)
     except BaseException:
-        staging.unlink(missing_ok=True)
+        _remove(staging)
         raise
     fsync_dir(path.parent)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def write_bytes(path: Path | str, data: bytes) -> Path:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from pipeline.settings import SluiceSettings, load_settings
+
+REPO = Path(__file__).resolve().parents[1]
 
 #: The Spark driver kill suites take 6-12 minutes each on 2 cores. They run first, paired so
 #: that with `make test`'s `-n 2 --maxschedchunk 1` (each worker starts with two tests, then
@@ -61,3 +67,9 @@ def spark():
     session = spark_session(SparkSettings(master="local[2]", app_name="sluice-tests"))
     yield session
     session.stop()
+
+
+@pytest.fixture
+def settings(_sluice_home: Path) -> SluiceSettings:
+    """The repository's sluice.toml, with every store and output under the test's home."""
+    return load_settings(REPO / "sluice.toml", environ={}, home=_sluice_home)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from pipeline import durable
 from pipeline.analytics.rates import NIC_COLUMNS, rates_sql
 from pipeline.errors import SluiceError
 from pipeline.jobs.replay import LineageRecord
@@ -253,10 +254,8 @@ def snapshot_slices(paths: AnalyticsPaths, records: list[SliceRecord]) -> None:
     for name in ("start_time", "end_time"):
         stamps = table[f"{name}_ns"].cast(pa.timestamp("ns", tz="UTC"))
         table = table.append_column(name, stamps)
-    paths.slices_snapshot.parent.mkdir(parents=True, exist_ok=True)
-    staging = paths.slices_snapshot.with_suffix(".parquet.tmp")
-    pq.write_table(table, staging)
-    staging.replace(paths.slices_snapshot)
+    with durable.atomic_path(paths.slices_snapshot) as staging:
+        pq.write_table(table, staging)
 
 
 def refresh(paths: AnalyticsPaths, exports: list[ExportSource]) -> list[str]:

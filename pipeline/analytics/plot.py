@@ -15,6 +15,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from pipeline import durable
 from pipeline.analytics.catalog import AnalyticsError, AnalyticsPaths, ExportSource
 from pipeline.analytics.rates import rates_sql
 
@@ -112,7 +113,5 @@ def _draw(data: dict, stream: str, samples: int, bucket: int | None, output: Pat
     ax.legend(loc="upper right", markerscale=4)
     fig.autofmt_xdate()
     fig.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.with_name(f".{output.name}.tmp.png")
-    fig.savefig(staging, format="png")
-    staging.replace(output)
+    with durable.atomic_path(output) as staging:
+        fig.savefig(staging, format="png")

@@ -1,1 +1,2 @@
-"""Sluice's jobs: plain functions over a SparkSession (mirror, export, console, bookmark, replay, join)."""
+"""Sluice's jobs: plain functions over a SparkSession (mirror, export, console, bookmark,
+replay, join)."""

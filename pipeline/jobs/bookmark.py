@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, record_slices
 from pipeline.streams import StreamCut, open_store, parse_stream
@@ -302,11 +303,7 @@ def load_state(root: Path, before: int) -> BookmarkState:
 
 
 def save_state(root: Path, batch_id: int, state: BookmarkState) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    path = _state_path(root, batch_id)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(state.to_json())
-    staging.replace(path)
+    durable.write_text(_state_path(root, batch_id), state.to_json())
     for old in sorted(root.glob("state-*.json"))[:-2]:
         old.unlink()
 

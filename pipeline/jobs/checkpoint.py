@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from pipeline import durable
 from pipeline.config import sluice_home
 from pipeline.errors import SluiceError
 
@@ -103,7 +104,7 @@ class Checkpoint:
 
     def record_start(self, cut: str) -> None:
         """Remember where a new checkpoint starts, before its first batch is planned."""
-        _replace_text(self.root / "start_cut", cut + "\n")
+        durable.write_text(self.root / "start_cut", cut + "\n")
 
     @property
     def is_new(self) -> bool:
@@ -153,14 +154,7 @@ class Checkpoint:
             if recorded != self.identity:
                 raise CheckpointMismatch(self.root, recorded.describe(), self.identity.describe())
             return
-        _replace_text(path, json.dumps(asdict(self.identity), indent=2) + "\n")
-
-
-def _replace_text(path: Path, text: str) -> None:
-    """Write `path` whole or not at all (a temporary file renamed over it)."""
-    temp = path.with_name(path.name + ".tmp")
-    temp.write_text(text)
-    os.replace(temp, path)
+        durable.write_json(path, asdict(self.identity))
 
 
 def recorded_start(root: Path) -> str | None:

@@ -63,6 +63,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import durable
 from pipeline.errors import SluiceError
 
 Side = Literal["left", "right"]
@@ -424,9 +425,6 @@ def join_files(
     import pyarrow.parquet as pq
 
     result = join_tables(read_series(left), read_series(right), time_column, max_gap)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.with_name(f".{output.name}.tmp")
-    pq.write_table(result.table, staging)
-    staging.replace(output)
+    with durable.atomic_path(output) as staging:
+        pq.write_table(result.table, staging)
     return result

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import durable
 from pipeline.jobs.join import JoinInputError, Side, StreamingJoin
 
 if TYPE_CHECKING:
@@ -120,10 +121,8 @@ def process_batch(
     rows = pa.concat_tables(parts) if parts else None
     if rows is not None:
         _publish(spec.output, batch_id, rows)
-    staging = root / f".state-{batch_id:012d}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    joiner.save(staging)
-    staging.replace(_state_dir(root, batch_id))
+    with durable.atomic_path(_state_dir(root, batch_id)) as staging:
+        joiner.save(staging)
     for old in sorted(root.glob("state-*"))[:-2]:
         shutil.rmtree(old)
     return rows.num_rows if rows is not None else 0
@@ -132,11 +131,8 @@ def process_batch(
 def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
     import pyarrow.parquet as pq
 
-    output.mkdir(parents=True, exist_ok=True)
-    final = output / f"part-{batch_id:012d}.parquet"
-    staging = output / f".part-{batch_id:012d}.parquet.tmp"
-    pq.write_table(rows, staging, compression="zstd")
-    staging.replace(final)
+    with durable.atomic_path(output / f"part-{batch_id:012d}.parquet") as staging:
+        pq.write_table(rows, staging, compression="zstd")
 
 
 def _foreach(spec: JoinJobSpec, root: Path) -> Callable[[DataFrame, int], None]:

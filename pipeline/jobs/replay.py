@@ -44,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, find_slice
 
@@ -149,11 +150,7 @@ class ReplayResult:
 
 
 def _write_json(path: Path, data: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    staging.replace(path)
-    return path
+    return durable.write_json(path, data, sort_keys=True, default=str)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -323,9 +320,8 @@ def replay(
     output_dir = Path(output_dir or default_output_dir(home, record, model)).absolute()
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.parquet"
-    staging = output_dir / ".results.parquet.tmp"
-    pq.write_table(results, staging, compression="zstd")
-    staging.replace(results_path)
+    with durable.atomic_path(results_path) as staging:
+        pq.write_table(results, staging, compression="zstd")
     metrics = {
         "slice_id": record.slice_id,
         "model": model.spec,

@@ -39,6 +39,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from pipeline.durable import fsync_path
 from pipeline.spark.errors import BatchConflict
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
 from pipeline.spark.options import ExportOptions
@@ -73,15 +74,6 @@ class FilesMessage(WriterCommitMessage):
     quarantined: int
     min_time_ns: int | None
     max_time_ns: int | None
-
-
-def fsync(path: Path) -> None:
-    """fsync a file or a directory (so a rename into it is durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def files_plan(messages: list[Any], batch_id: int) -> BatchPlan:
@@ -138,7 +130,7 @@ def publish_files(output: Path, plan: BatchPlan, state: str, batch_id: int) -> d
             reason = f"staged file {staged} is gone and {final} was never published"
             raise BatchConflict(state, batch_id, reason)
     for directory in directories:
-        fsync(directory)
+        fsync_path(directory)
     return plan["stats"]
 
 

@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from pipeline.durable import fsync_path
 from pipeline.schemas import Events, FlattenPlan, flatten, flatten_plan
-from pipeline.spark.files import EXTENSIONS, STAGING, FilesMessage, StagedFile, fsync
+from pipeline.spark.files import EXTENSIONS, STAGING, FilesMessage, StagedFile
 from pipeline.spark.options import ExportOptions
 from pipeline.streams import open_store
 
@@ -101,7 +102,7 @@ class _TaskFiles:
 
     def _close(self, current: _Open) -> None:
         current.writer.close()
-        fsync(current.path)
+        fsync_path(current.path)
         del self.open[(current.kind, current.bucket)]
         self.done.append(
             StagedFile(
@@ -116,7 +117,7 @@ class _TaskFiles:
     def close(self) -> tuple[StagedFile, ...]:
         for current in list(self.open.values()):
             self._close(current)
-        fsync(self.directory)
+        fsync_path(self.directory)
         return tuple(self.done)
 
     def discard(self) -> None:

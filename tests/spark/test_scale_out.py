@@ -11,9 +11,9 @@ import sys
 import duckdb
 import pytest
 
+from pipeline.spark.standalone import standalone_cluster, wait_for
 from tests.jobs.test_replay_support import MS, STREAM, T0, nic_payload
 from tests.spark.killing import ROOT
-from tests.spark.standalone import standalone_cluster, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 

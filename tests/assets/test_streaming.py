@@ -9,7 +9,7 @@ import pytest
 from assets.definitions import build_definitions, build_resources
 from assets.streaming import FamilyJobs
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity
-from tests.dagster.conftest import head_text, materialized, samples, tail_text, write_events
+from tests.assets.conftest import head_text, materialized, samples, tail_text, write_events
 
 pytestmark = pytest.mark.spark
 

@@ -9,6 +9,8 @@ import pytest
 
 from pipeline.settings import SettingsError, load_settings
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "sluice.toml"

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from tests.dagster.conftest import samples, tail_text, write_events
-from tests.dagster.ui import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, dagster_ui
+from tests.assets.conftest import samples, tail_text, write_events
+from tests.assets.ui import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, dagster_ui
 
 pytestmark = [
     pytest.mark.spark,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.dagster.conftest import REPO
+from tests.assets.conftest import REPO
 
 DAGSTER = Path(sys.executable).with_name("dagster")
 

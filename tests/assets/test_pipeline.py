@@ -11,7 +11,7 @@ from assets.schedules import evaluate_nightly
 from assets.sensors import evaluate_slices
 from pipeline.jobs.slices import list_slices
 from pipeline.streams import open_store
-from tests.dagster.conftest import materialized, nic_events, write_events
+from tests.assets.conftest import materialized, nic_events, write_events
 
 pytestmark = pytest.mark.spark
 

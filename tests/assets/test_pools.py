@@ -12,8 +12,8 @@ import dagster as dg
 import pytest
 
 from assets.instance import prepare_dagster_home
-from tests.dagster.conftest import REPO, samples, write_events
-from tests.dagster.pools_job import MIRROR
+from tests.assets.conftest import REPO, samples, write_events
+from tests.assets.pools_job import MIRROR
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def test_two_runs_of_the_mirror_never_overlap(settings, tmp_path):
     net = settings.family("network")
     write_events(net.store_uri, net.stream, samples(3))
     home = prepare_dagster_home(tmp_path / "dagster")
-    command = [sys.executable, "-m", "tests.dagster.pools_job", str(home)]
+    command = [sys.executable, "-m", "tests.assets.pools_job", str(home)]
     procs = [
         subprocess.Popen(command, cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, text=True)
         for _ in range(2)

@@ -1,6 +1,7 @@
 """A Spark standalone cluster on loopback: one master and N workers, from pyspark's own scripts.
 
-Used by the scale-out tests and `benchmarks/cluster.py`. Daemons are started and stopped with
+Used by the scale-out tests and `benchmarks/cluster.py`, and by anyone who wants a local
+cluster to try `SLUICE_SPARK_MASTER=spark://…` against. Daemons are started and stopped with
 `sbin/spark-daemon.sh` (what `start-master.sh` / `start-worker.sh` wrap), with logs, pids and
 work directories under a directory of the caller's.
 """
@@ -20,10 +21,19 @@ from pathlib import Path
 
 import pyspark
 
+from pipeline.errors import SluiceError
+
 SPARK_HOME = Path(pyspark.__file__).parent
 DAEMON = SPARK_HOME / "sbin" / "spark-daemon.sh"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+class ClusterNotReady(SluiceError):
+    def __init__(self, status_url: str, timeout: float, last: object) -> None:
+        self.status_url, self.timeout = status_url, timeout
+        msg = f"{status_url} not ready after {timeout} s: {last}; see the daemons' logs"
+        super().__init__(msg)
 
 
 def free_port() -> int:
@@ -47,8 +57,7 @@ def wait_for(status_url: str, ready, timeout: float = 120) -> dict:
         except OSError as exc:
             last = exc
         time.sleep(1)
-    msg = f"{status_url} not ready after {timeout} s: {last}"
-    raise AssertionError(msg)
+    raise ClusterNotReady(status_url, timeout, last)
 
 
 @dataclass(frozen=True)

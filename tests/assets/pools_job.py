@@ -1,6 +1,6 @@
 """A job the multiprocess executor can rebuild in each step's process (for test_pools.py).
 
-`python -m tests.dagster.pools_job DAGSTER_HOME` runs the network family's mirror step with
+`python -m tests.assets.pools_job DAGSTER_HOME` runs the network family's mirror step with
 the job's own executor (multiprocess) on that instance and prints the run id.
 """
 

@@ -8,16 +8,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pipeline.settings import SluiceSettings, load_settings
 from pipeline.streams import open_store
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def settings(_sluice_home: Path) -> SluiceSettings:
-    """The repository's sluice.toml, with every store and output under the test's home."""
-    return load_settings(REPO / "sluice.toml", environ={}, home=_sluice_home)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from assets.sensors import evaluate_tails
 from assets.services import evaluate_services
 from pipeline.jobs.mirror import mirror
 from pipeline.jobs.streaming import RunOptions
-from tests.dagster.conftest import head_text, samples, tail_text, write_events
+from tests.assets.conftest import head_text, samples, tail_text, write_events
 
 
 def tails(context, settings) -> dg.SensorResult:

@@ -1,0 +1,48 @@
+"""pipeline.durable: a file is replaced whole or not at all, and no staging file is left."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pipeline import durable
+
+
+def test_write_json_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "sub" / "state.json"
+    durable.write_json(path, {"a": 1})
+    durable.write_json(path, {"a": 2, "b": [1, 2]}, sort_keys=True)
+    assert json.loads(path.read_text()) == {"a": 2, "b": [1, 2]}
+    assert path.read_text().endswith("\n")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_staging(tmp_path):
+    path = tmp_path / "results.parquet"
+    durable.write_bytes(path, b"old")
+    with pytest.raises(RuntimeError, match="writer failed"), durable.atomic_path(path) as staging:
+        staging.write_bytes(b"half")
+        msg = "writer failed"
+        raise RuntimeError(msg)
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["results.parquet"]
+
+
+def test_staging_is_hidden_and_never_matches_the_final_extension(tmp_path):
+    staging = durable.staging_name(tmp_path / "part-1.parquet")
+    assert staging.name.startswith(".")
+    assert not staging.name.endswith(".parquet")
+
+
+def test_a_crash_leftover_is_replaced_and_a_directory_can_be_published(tmp_path):
+    target = tmp_path / "state-000001"
+    leftover = durable.staging_name(target)
+    leftover.mkdir()
+    (leftover / "stale").write_text("from a crash")
+    with durable.atomic_path(target) as staging:
+        staging.mkdir()
+        (staging / "left.arrow").write_bytes(b"1")
+    assert sorted(p.name for p in target.iterdir()) == ["left.arrow"]
+    assert not leftover.exists()

@@ -47,6 +47,7 @@ demo: install java
 
 test: install java system-deps
 	$(PY) -m ruff check .
+	.venv/bin/lint-imports
 	$(PY) -m pytest -m "not slow" -n 2 --durations=8 $(PYTEST_ARGS)
 	$(PY) -m pytest -m slow -n 2 --maxschedchunk 1 --durations=12 $(PYTEST_ARGS)
 
@@ -56,9 +57,11 @@ test-fast: install
 test-slow: install
 	$(PY) -m pytest -m slow -n 2 --maxschedchunk 1 --durations=12 $(PYTEST_ARGS)
 
+# ruff, then the import contracts in pyproject.toml (layers, backends, edge install, no cycles).
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	.venv/bin/lint-imports
 
 format: install
 	$(PY) -m ruff format .

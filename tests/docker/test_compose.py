@@ -277,7 +277,7 @@ def test_every_knob_is_documented():
 def test_pravega_keeps_transactions_for_weeks_offline(compose):
     opts = interpolate(services(compose)["pravega"]["environment"]["JAVA_OPTS"]).split()
     props = dict(o[2:].split("=", 1) for o in opts if o.startswith("-D"))
-    # seed 000 (the Pravega Sensor Collector's standalone settings): 30 days without renewal
+    # the Pravega Sensor Collector's standalone settings: 30 days without renewal
     assert props["controller.transaction.lease.count.max"] == "2592000000"
     assert int(props["controller.transaction.lease.count.max"]) == 30 * 24 * 3600 * 1000
     assert props["controller.transaction.execution.timeBound.days"] == "30"

@@ -74,7 +74,7 @@ def test_bookmark_driver_killed_at_random_points(tmp_path):
         store.close()
     recorded, expected = slice_events(edge), slice_events(ref)
     assert killed >= KILLS
-    assert expected, "the pattern has bursts: the reference run must record slices"
+    assert expected, "the pattern has bursts: the uninterrupted run must record slices"
     ids = [s["slice_id"] for s in recorded]
     assert len(ids) == len(set(ids)), "a slice was recorded twice"
     strip = ("created_by", "created_ns", "created_at")

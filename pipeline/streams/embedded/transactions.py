@@ -1,18 +1,12 @@
 """Transactions of the embedded store: durable, atomic, contiguous, committable after a crash.
 
-Life of a transaction (states in the catalog's `txns` table, synchronous=FULL):
-
     open --flush--> (events fsynced in txn/<id>.<segment>.body, length+CRC in txn_segments)
     open --commit--> committing --(one block per segment appended)--> committed
     open --abort--> aborted
 
-`commit` first records `committing` with the commit's ingest time and time bounds, so a commit
-that crashed half-way is rolled forward by the next `commit()` on the same id (from any
-process): per segment it records where the block goes (`appended_at`) before appending it, and
-on a retry checks whether a block of this transaction already starts there. Each segment gets
-exactly one block holding all of the transaction's events for it: contiguous, checksummed as a
-whole, so a reader sees all of them or none. Across segments the blocks land one after another
-(as Pravega merges transaction segments one by one); `commit` returns when all have landed.
+Exactly-once: each segment gets one block holding all of the transaction's events for it, so a
+reader sees all of them or none, and a commit that crashed half-way is rolled forward by the
+next `commit()` on the same id, from any process. How each step is made durable: FORMAT.md.
 """
 
 from __future__ import annotations

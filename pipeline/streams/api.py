@@ -2,8 +2,8 @@
 
 Streams are named `scope/stream`. A stream has one or more segments; a routing key hashes to
 one segment, so events with one key are read in the order they were written. Positions are
-`StreamCut`s. Semantics every backend holds are listed in ARCHITECTURE.md ("The stream store")
-and checked by `tests/streams/test_contract.py` against each backend.
+`StreamCut`s. Semantics every backend holds are listed in docs/architecture.md ("The stream
+store") and checked by `tests/streams/test_contract.py` against each backend.
 """
 
 from __future__ import annotations

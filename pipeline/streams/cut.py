@@ -1,14 +1,13 @@
-"""Stream cuts: a consistent position across all segments of a stream.
+"""Stream cuts: a consistent position across all segments of a stream (Pravega's StreamCut).
 
 A cut maps each segment to a byte offset on an event boundary: the position of the next event
-to read in that segment. Its text form is stable and versioned, made only of characters that
-need no escaping in a URL, a file name, a log line or a TOML string:
+to read in that segment. Its text form is stable and versioned, and needs no escaping in a URL,
+a file name, a log line or a TOML string:
 
     v1~examples~network~0-1024~1-0
 
-that is `v1`, the scope, the stream, then `segment-offset` for each segment in ascending
-segment order. Scope and stream names never contain `~` (see `names.py`), so the form is
-unambiguous. Version 1 is the only version; a reader of a future version refuses an unknown one.
+that is `v1`, the scope, the stream, then `segment-offset` for each segment in ascending order.
+Names never contain `~` (`names.py`), so the form is unambiguous; other versions are refused.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ test knows what the store acknowledged. On start it resumes after the acknowledg
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+from pipeline.durable import write_text
 from pipeline.streams import open_store
 
 BATCH = 7
@@ -24,15 +24,6 @@ BATCH = 7
 def payload(name: str, seq: int) -> bytes:
     filler = (f"{seq:08d}" * (1 + seq % 97)).encode()
     return f"{name}:{seq}:".encode() + filler
-
-
-def write_state(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
 
 
 def read_state(path: Path) -> str:
@@ -49,7 +40,7 @@ def main() -> None:
         txn_id, last = pending.split()
         store.get_transaction(stream, txn_id).commit()
         acked = int(last)
-        write_state(acked_file, str(acked))
+        write_text(acked_file, str(acked))
         pending_file.unlink()
     writer = store.writer(stream, writer_id=name) if mode == "append" else None
     seq = acked
@@ -64,10 +55,10 @@ def main() -> None:
             for n in batch:
                 txn.write(payload(name, n), routing_key=name)
             txn.flush()
-            write_state(pending_file, f"{txn.txn_id} {batch[-1]}")
+            write_text(pending_file, f"{txn.txn_id} {batch[-1]}")
             txn.commit(time_bounds=(batch[0], batch[-1]))
         seq = batch[-1]
-        write_state(acked_file, str(seq))
+        write_text(acked_file, str(seq))
         if writer is None:
             pending_file.unlink()  # only after the ack is recorded: else a kill here resends
 

@@ -1,7 +1,7 @@
-"""The stream-store contract (ARCHITECTURE.md, semantics 1-7), run against every backend.
+"""The stream-store contract (docs/architecture.md, semantics 1-7), run against every backend.
 
 The embedded store always runs; a Pravega cluster runs when SLUICE_TEST_PRAVEGA=tcp://host:9090
-is set (no Pravega server can run on the development machine).
+is set (the suite never starts a Pravega server itself).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The binary layout of a segment file: blocks of events, each block checksummed as a whole.
 
-A block is what one writer flush or one transaction commit appends to one segment. It is
-valid as a whole or not at all, so a crash mid-write never exposes part of it (semantic 3),
-and a transaction's events are contiguous by construction (semantic 5). Layout (little-endian):
-
-    block  = header meta body
-    header = magic "SLB1" | crc u32 | body_len u32 | events u32 | ingest_ns i64
-             | t_min i64 | t_max i64 | last_event_number u64 | meta_len u16      (50 bytes)
-    meta   = b"w" + writer id | b"t" + transaction id | empty
-    body   = event*
-    event  = magic "SE" | key_len u16 (0xFFFF: no key) | payload_len u32 | key | payload
-
-`crc` is CRC-32 of body, then header bytes after the crc field, then meta, chained in that
-order (a transaction's body CRC is computed while it is flushed, before the header exists).
-`t_min`/`t_max` are the event-time bounds a transaction attached, INT64_MIN when none.
+A block is what one writer flush or one transaction commit appends to one segment: a 50-byte
+header (magic `SLB1`, CRC-32, lengths, ingest time, event-time bounds, the writer's highest
+event number), a meta field naming the writer or transaction, and the framed events. It is
+valid as a whole or not at all, so a crash mid-write never exposes part of it (semantic 3), and
+a transaction's events are contiguous by construction (semantic 5). The exact layout, byte by
+byte, and how the CRC is chained: FORMAT.md ("Block layout").
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import time
 from pipeline.streams.api import Event, EventReader, ReaderGroup
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.store import EmbeddedStore, StreamRow
+from pipeline.streams.embedded.engine import Engine, StreamRow
+from pipeline.streams.embedded.scaling import predecessors
 from pipeline.streams.errors import InvalidName, ReaderGroupNotFound
 from pipeline.streams.names import check_name
 
@@ -26,18 +27,18 @@ POLL_INTERVAL_S = 0.02
 
 
 class EmbeddedReaderGroup(ReaderGroup):
-    def __init__(self, store: EmbeddedStore, name: str, row: StreamRow) -> None:
-        self.store, self.name, self.row = store, name, row
+    def __init__(self, engine: Engine, name: str, row: StreamRow) -> None:
+        self.engine, self.name, self.row = engine, name, row
         self.stream = row.qualified
 
     @classmethod
     def open(
-        cls, store: EmbeddedStore, name: str, row: StreamRow, start: StreamCut | None
+        cls, engine: Engine, name: str, row: StreamRow, start: StreamCut | None
     ) -> EmbeddedReaderGroup:
         check_name("reader group", name)
         start = as_cut(start).check_stream(row.scope, row.name) if start else None
-        start = start or store.head(row.qualified)
-        with store.catalog.write() as db:
+        start = start or engine.head(row)
+        with engine.catalog.write() as db:
             found = db.execute(
                 "SELECT stream_id FROM reader_groups WHERE name=?", (name,)
             ).fetchone()
@@ -52,11 +53,11 @@ class EmbeddedReaderGroup(ReaderGroup):
                     "INSERT INTO rg_positions(group_name, segment, offset) VALUES (?, ?, ?)",
                     [(name, seg, off) for seg, off in start.positions],
                 )
-        return cls(store, name, row)
+        return cls(engine, name, row)
 
     @staticmethod
-    def delete(store: EmbeddedStore, name: str) -> None:
-        with store.catalog.write() as db:
+    def delete(engine: Engine, name: str) -> None:
+        with engine.catalog.write() as db:
             if not db.execute("SELECT 1 FROM reader_groups WHERE name=?", (name,)).fetchone():
                 raise ReaderGroupNotFound(name)
             for table in ("reader_groups", "rg_positions", "rg_readers", "rg_checkpoints"):
@@ -65,7 +66,7 @@ class EmbeddedReaderGroup(ReaderGroup):
 
     def reader(self, reader_id: str) -> EventReader:
         check_name("reader", reader_id)
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             db.execute(
                 "INSERT OR REPLACE INTO rg_readers(group_name, reader_id, heartbeat_ns)"
                 " VALUES (?, ?, ?)",
@@ -74,7 +75,7 @@ class EmbeddedReaderGroup(ReaderGroup):
         return EmbeddedReader(self, reader_id)
 
     def stream_cut(self) -> StreamCut:
-        rows = self.store.catalog.query(
+        rows = self.engine.catalog.query(
             "SELECT segment, offset FROM rg_positions WHERE group_name=?", (self.name,)
         )
         if not rows:
@@ -83,7 +84,7 @@ class EmbeddedReaderGroup(ReaderGroup):
 
     def checkpoint(self, name: str) -> StreamCut:
         cut = self.stream_cut()
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             db.execute(
                 "INSERT OR REPLACE INTO rg_checkpoints(group_name, name, cut, created_ns)"
                 " VALUES (?, ?, ?, ?)",
@@ -93,7 +94,7 @@ class EmbeddedReaderGroup(ReaderGroup):
 
     def reset(self, cut: StreamCut) -> None:
         cut = as_cut(cut).check_stream(self.row.scope, self.row.name)
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             db.execute("DELETE FROM rg_positions WHERE group_name=?", (self.name,))
             db.executemany(
                 "INSERT INTO rg_positions(group_name, segment, offset) VALUES (?, ?, ?)",
@@ -104,7 +105,7 @@ class EmbeddedReaderGroup(ReaderGroup):
 class EmbeddedReader(EventReader):
     def __init__(self, group: EmbeddedReaderGroup, reader_id: str) -> None:
         self.group, self.reader_id = group, reader_id
-        self.store = group.store
+        self.engine = group.engine
         self._positions: dict[int, int] = {}
 
     def _rebalance(self) -> None:
@@ -114,20 +115,18 @@ class EmbeddedReader(EventReader):
         is ready when it is not done and all its predecessors are (per-key order across a
         scale). Segments created by a scale after the group started join at their beginning.
         """
-        from pipeline.streams.embedded.scaling import predecessors
-
         now = now_ns()
         dead_before = now - int(READER_TIMEOUT_S * 1e9)
         name, me, row = self.group.name, self.reader_id, self.group.row
         sealed = {
-            seg: self.store.catch_up(row, seg)
-            for seg, flag in self.store.catalog.query(
+            seg: self.engine.catch_up(row, seg)
+            for seg, flag in self.engine.catalog.query(
                 "SELECT segment, sealed FROM segments WHERE stream_id=?", (row.id,)
             )
             if flag
         }
-        preds = predecessors(self.store, row)
-        with self.store.catalog.write() as db:
+        preds = predecessors(self.engine, row)
+        with self.engine.catalog.write() as db:
             db.execute(
                 "UPDATE rg_readers SET heartbeat_ns=? WHERE group_name=? AND reader_id=?",
                 (now, name, me),
@@ -184,7 +183,7 @@ class EmbeddedReader(EventReader):
             self._rebalance()
             events: list[Event] = []
             for seg in sorted(self._positions):
-                for event in self.store.read_segment(self.group.stream, seg, self._positions[seg]):
+                for event in self.engine.read_segment(self.group.row, seg, self._positions[seg]):
                     events.append(event)
                     self._positions[seg] = event.end_offset
                     if len(events) >= max_events:
@@ -194,7 +193,7 @@ class EmbeddedReader(EventReader):
             time.sleep(POLL_INTERVAL_S)
 
     def commit(self) -> None:
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             db.executemany(
                 "UPDATE rg_positions SET offset=? WHERE group_name=? AND segment=? AND owner=?",
                 [
@@ -206,7 +205,7 @@ class EmbeddedReader(EventReader):
     def close(self) -> None:
         """Commit the positions read so far, then leave the group."""
         self.commit()
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             for seg in list(self._positions):
                 self._release(db, seg)
             db.execute(

@@ -15,19 +15,20 @@ from __future__ import annotations
 import itertools
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 from pipeline.streams.api import ScalingPolicy
-from pipeline.streams.embedded.store import EmbeddedStore, StreamRow
+from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.errors import InvalidCut, StreamSealed
 
 EPSILON = 1e-12
 
 
 def scale(
-    store: EmbeddedStore, row: StreamRow, seal: list[int], ranges: list[tuple[float, float]]
+    engine: Engine, row: StreamRow, seal: list[int], ranges: list[tuple[float, float]]
 ) -> list[int]:
-    active = {seg: (lo, hi) for seg, lo, hi in store.segments(row, active_only=True)}
-    if store.is_sealed(row):
+    active = {seg: (lo, hi) for seg, lo, hi in engine.segments(row, active_only=True)}
+    if engine.is_sealed(row):
         raise StreamSealed(row.scope, row.name)
     for seg in seal:
         if seg not in active:
@@ -36,8 +37,8 @@ def scale(
     _check_cover(row, [active[s] for s in seal], ranges)
     with ExitStack() as locks:
         for seg in sorted(seal):  # block appends to the sealed segments while they change
-            locks.enter_context(store.segment_file(row, seg).locked())
-        with store.catalog.write() as db:
+            locks.enter_context(engine.segment_file(row, seg).locked())
+        with engine.catalog.write() as db:
             busy = db.execute(
                 "SELECT COUNT(*) FROM txn_segments ts JOIN txns t USING (txn_id)"
                 " WHERE t.stream_id=? AND t.state='committing' AND ts.done=0"
@@ -99,30 +100,39 @@ def _check_cover(
         raise InvalidCut(text=str(new), reason=msg)
 
 
-def predecessors(store: EmbeddedStore, row: StreamRow) -> dict[int, list[int]]:
+def predecessors(engine: Engine, row: StreamRow) -> dict[int, list[int]]:
     found: dict[int, list[int]] = {}
-    for seg, pred in store.catalog.query(
+    for seg, pred in engine.catalog.query(
         "SELECT segment, predecessor FROM segment_predecessors WHERE stream_id=?", (row.id,)
     ):
         found.setdefault(seg, []).append(pred)
     return found
 
 
-def auto_scale(
-    store: EmbeddedStore,
+@dataclass(frozen=True, slots=True)
+class AutoScalePlan:
+    """What a scaling policy asks for now: split each hot segment, else merge one cold pair."""
+
+    split: list[int]
+    merge: tuple[int, int] | None
+
+
+def plan_auto_scale(
+    engine: Engine,
     row: StreamRow,
     policy: ScalingPolicy,
     window_seconds: float,
     now_ns: int | None = None,
-) -> list[int]:
-    """Split segments whose recent rate exceeds the target; merge cold neighbour pairs."""
+) -> AutoScalePlan:
+    """Segments whose recent rate exceeds the target, and the first pair of neighbours whose
+    rates together are under half of it (merged only when there is nothing to split)."""
     now_ns = now_ns or time.time_ns()
     since = now_ns - int(window_seconds * 1e9)
-    active = store.segments(row, active_only=True)
+    active = engine.segments(row, active_only=True)
     rates = {}
     for seg, _, _ in active:
-        store.catch_up(row, seg)
-        events, size = store.catalog.query_one(
+        engine.catch_up(row, seg)
+        events, size = engine.catalog.query_one(
             "SELECT COALESCE(SUM(events), 0), COALESCE(SUM(length), 0) FROM blocks"
             " WHERE stream_id=? AND segment=? AND ingest_ns>=?",
             (row.id, seg, since),
@@ -130,16 +140,10 @@ def auto_scale(
         )
         amount = events if policy.kind == "events_per_second" else size / 1024
         rates[seg] = amount / window_seconds
-    created: list[int] = []
-    for seg, _, _ in active:
-        if rates[seg] > policy.target:
-            created += store.split_segment(row.qualified, seg, policy.scale_factor)
-    if created:
-        return created
+    hot = [seg for seg, _, _ in active if rates[seg] > policy.target]
     count = len(active)
     for (a, _, a_hi), (b, b_lo, _) in itertools.pairwise(active):
         adjacent = abs(a_hi - b_lo) <= EPSILON
         if adjacent and count > policy.min_segments and rates[a] + rates[b] < policy.target / 2:
-            created.append(store.merge_segments(row.qualified, [a, b]))
-            break
-    return created
+            return AutoScalePlan(split=hot, merge=(a, b))
+    return AutoScalePlan(split=hot, merge=None)

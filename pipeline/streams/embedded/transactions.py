@@ -1,18 +1,12 @@
 """Transactions of the embedded store: durable, atomic, contiguous, committable after a crash.
 
-Life of a transaction (states in the catalog's `txns` table, synchronous=FULL):
-
     open --flush--> (events fsynced in txn/<id>.<segment>.body, length+CRC in txn_segments)
     open --commit--> committing --(one block per segment appended)--> committed
     open --abort--> aborted
 
-`commit` first records `committing` with the commit's ingest time and time bounds, so a commit
-that crashed half-way is rolled forward by the next `commit()` on the same id (from any
-process): per segment it records where the block goes (`appended_at`) before appending it, and
-on a retry checks whether a block of this transaction already starts there. Each segment gets
-exactly one block holding all of the transaction's events for it: contiguous, checksummed as a
-whole, so a reader sees all of them or none. Across segments the blocks land one after another
-(as Pravega merges transaction segments one by one); `commit` returns when all have landed.
+Exactly-once: each segment gets one block holding all of the transaction's events for it, so a
+reader sees all of them or none, and a commit that crashed half-way is rolled forward by the
+next `commit()` on the same id, from any process. How each step is made durable: FORMAT.md.
 """
 
 from __future__ import annotations
@@ -23,54 +17,55 @@ import zlib
 from collections import defaultdict
 from pathlib import Path
 
+from pipeline.durable import fsync_dir
 from pipeline.streams.api import Transaction, TxnState
 from pipeline.streams.embedded.blocks import encode_header, iter_frames, parse_header
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.segment import fsync_dir
-from pipeline.streams.embedded.store import EmbeddedStore, StreamRow
+from pipeline.streams.embedded.engine import Engine, StreamRow, encode
+from pipeline.streams.embedded.routing import route
 from pipeline.streams.errors import TxnFailed, TxnNotFound
 
 BODY_READ_CHUNK = 64 << 20
 
 
 class EmbeddedTransaction(Transaction):
-    def __init__(self, store: EmbeddedStore, row: StreamRow, txn_id: str) -> None:
-        self.store, self.row, self.txn_id = store, row, txn_id
+    def __init__(self, engine: Engine, row: StreamRow, txn_id: str) -> None:
+        self.engine, self.row, self.txn_id = engine, row, txn_id
         self.stream = row.qualified
         self._pending: dict[int, list[bytes]] = defaultdict(list)
-        self._active = store.segments(row, active_only=True)
+        self._active = engine.segments(row, active_only=True)
 
     @classmethod
-    def begin(
-        cls, store: EmbeddedStore, row: StreamRow, lease_seconds: float
-    ) -> EmbeddedTransaction:
-        store.check_writable(row)
+    def begin(cls, engine: Engine, row: StreamRow, lease_seconds: float) -> EmbeddedTransaction:
+        engine.check_writable(row)
         txn_id = uuid.uuid4().hex
         created = now_ns()
-        with store.catalog.write() as db:
+        with engine.catalog.write() as db:
             db.execute(
                 "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
                 " VALUES (?, ?, 'open', ?, ?)",
                 (txn_id, row.id, created, created + int(lease_seconds * 1e9)),
             )
-        return cls(store, row, txn_id)
+        return cls(engine, row, txn_id)
 
     @classmethod
-    def lookup(cls, store: EmbeddedStore, row: StreamRow, txn_id: str) -> EmbeddedTransaction:
-        found = store.catalog.query_one("SELECT stream_id FROM txns WHERE txn_id=?", (str(txn_id),))
+    def lookup(cls, engine: Engine, row: StreamRow, txn_id: str) -> EmbeddedTransaction:
+        found = engine.catalog.query_one(
+            "SELECT stream_id FROM txns WHERE txn_id=?", (str(txn_id),)
+        )
         if found is None or found[0] != row.id:
             raise TxnNotFound(str(txn_id))
-        return cls(store, row, txn_id)
+        return cls(engine, row, txn_id)
 
     @property
     def _dir(self) -> Path:
-        return self.store.root / "txn"
+        return self.engine.root / "txn"
 
     def _body_path(self, segment: int) -> Path:
         return self._dir / f"{self.txn_id}.{segment}.body"
 
     def state(self) -> TxnState:
-        found = self.store.catalog.query_one(
+        found = self.engine.catalog.query_one(
             "SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)
         )
         if found is None:
@@ -78,7 +73,7 @@ class EmbeddedTransaction(Transaction):
         return found[0]
 
     def _require_open(self, action: str) -> None:
-        state, expiry = self.store.catalog.query_one(
+        state, expiry = self.engine.catalog.query_one(
             "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
         )
         if state != "open":
@@ -88,10 +83,10 @@ class EmbeddedTransaction(Transaction):
             raise TxnFailed(self.txn_id, "aborted", "its lease expired; it has been aborted")
 
     def write(self, payload: bytes, routing_key: str | None = None) -> None:
-        frame = self.store.encode(payload, routing_key)
+        frame = encode(payload, routing_key)
         if not self._active:
-            self.store.check_writable(self.row)
-        self._pending[self.store.route(self._active, routing_key)].append(frame)
+            self.engine.check_writable(self.row)
+        self._pending[route(self._active, routing_key)].append(frame)
 
     def flush(self) -> None:
         if not self._pending:
@@ -110,7 +105,7 @@ class EmbeddedTransaction(Transaction):
     def _write_body(self, segment: int, frames: list[bytes]) -> tuple[int, int, int, int]:
         """Append frames past the recorded length of a body file and fsync them; return the
         row (segment, length, events, crc) that makes them part of the transaction."""
-        found = self.store.catalog.query_one(
+        found = self.engine.catalog.query_one(
             "SELECT body_len, events, body_crc FROM txn_segments WHERE txn_id=? AND segment=?",
             (self.txn_id, segment),
         )
@@ -130,7 +125,7 @@ class EmbeddedTransaction(Transaction):
         return segment, body_len + len(data), events + len(frames), zlib.crc32(data, crc)
 
     def _record(self, rows: list[tuple[int, int, int, int]], drop: tuple[int, ...] = ()) -> None:
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             db.executemany(
                 "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET body_len=excluded.body_len,"
@@ -148,18 +143,18 @@ class EmbeddedTransaction(Transaction):
         The moved frames are written past the recorded ends of the successors' bodies first;
         one catalog transaction then adopts them and drops the sealed segments' rows, so a
         crash in between leaves the transaction as it was."""
-        rows = self.store.catalog.query(
+        rows = self.engine.catalog.query(
             "SELECT segment, body_len FROM txn_segments WHERE txn_id=?", (self.txn_id,)
         )
-        sealed = [(s, n) for s, n in rows if self.store.segment_sealed(self.row, s)]
+        sealed = [(s, n) for s, n in rows if self.engine.segment_sealed(self.row, s)]
         if not sealed:
             return
-        self._active = self.store.segments(self.row, active_only=True)
+        self._active = self.engine.segments(self.row, active_only=True)
         moved: dict[int, list[bytes]] = defaultdict(list)
         for segment, body_len in sealed:
             body = b"".join(self._body(segment, body_len))
             for key, frame in iter_frames(body):
-                moved[self.store.route(self._active, key)].append(frame)
+                moved[route(self._active, key)].append(frame)
         self._record(
             [self._write_body(s, frames) for s, frames in sorted(moved.items())],
             drop=tuple(s for s, _ in sealed),
@@ -174,7 +169,7 @@ class EmbeddedTransaction(Transaction):
         if state == "open":
             self.flush()
             self._require_open("be committed")
-            self.store.check_writable(self.row)
+            self.engine.check_writable(self.row)
             while not self._mark_committing(time_bounds):
                 self._rebase()
         elif state != "committing":
@@ -187,7 +182,7 @@ class EmbeddedTransaction(Transaction):
         One catalog transaction, so a concurrent scale either seals first (and we rebase) or
         sees us committing (and refuses to seal a segment we are landing in)."""
         t_min, t_max = time_bounds if time_bounds is not None else (None, None)
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             sealed = db.execute(
                 "SELECT COUNT(*) FROM txn_segments ts JOIN segments s"
                 " ON s.stream_id=? AND s.segment=ts.segment WHERE ts.txn_id=? AND s.sealed=1",
@@ -203,11 +198,11 @@ class EmbeddedTransaction(Transaction):
         return True
 
     def _roll_forward(self) -> None:
-        ingest_ns, t_min, t_max = self.store.catalog.query_one(
+        ingest_ns, t_min, t_max = self.engine.catalog.query_one(
             "SELECT ingest_ns, t_min, t_max FROM txns WHERE txn_id=?", (self.txn_id,)
         )
         bounds = (t_min, t_max) if t_min is not None else None
-        rows = self.store.catalog.query(
+        rows = self.engine.catalog.query(
             "SELECT segment, body_len, events, body_crc, appended_at FROM txn_segments"
             " WHERE txn_id=? AND done=0 ORDER BY segment",
             (self.txn_id,),
@@ -222,7 +217,7 @@ class EmbeddedTransaction(Transaction):
                 meta=b"t" + self.txn_id.encode(),
             )
             self._land(segment, header, body_len, appended_at)
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             db.execute(
                 "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?",
                 (now_ns(), self.txn_id),
@@ -231,25 +226,25 @@ class EmbeddedTransaction(Transaction):
 
     def _land(self, segment: int, header: bytes, body_len: int, appended_at: int | None) -> None:
         """Append this transaction's block to one segment unless an earlier try already did."""
-        segfile = self.store.segment_file(self.row, segment)
+        segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
-            at = self.store.catch_up(self.row, segment)
+            at = self.engine.catch_up(self.row, segment)
             if appended_at is not None and self._block_is_mine(segment, appended_at):
                 self._mark_done(segment)
                 return
-            with self.store.catalog.write() as db:
+            with self.engine.catalog.write() as db:
                 db.execute(
                     "UPDATE txn_segments SET appended_at=? WHERE txn_id=? AND segment=?",
                     (at, self.txn_id, segment),
                 )
-            self.store.append_block(self.row, segment, header, self._body(segment, body_len))
+            self.engine.append_block(self.row, segment, header, self._body(segment, body_len))
         self._mark_done(segment)
 
     def _block_is_mine(self, segment: int, offset: int) -> bool:
-        block = self.store._block_at(self.row, segment, offset)
+        block = self.engine.block_at(self.row, segment, offset)
         if block is None or block.offset != offset:
             return False
-        data = self.store.segment_file(self.row, segment).pread(block.length, offset)
+        data = self.engine.segment_file(self.row, segment).pread(block.length, offset)
         parsed = parse_header(data, 0, offset)
         return parsed is not None and parsed.txn_id == self.txn_id
 
@@ -269,7 +264,7 @@ class EmbeddedTransaction(Transaction):
 
     def _mark_done(self, segment: int) -> None:
         # derivable (the block at appended_at names this transaction): no fsync needed
-        with self.store.catalog.write(self.store.catalog.index) as db:
+        with self.engine.catalog.write(self.engine.catalog.index) as db:
             db.execute(
                 "UPDATE txn_segments SET done=1 WHERE txn_id=? AND segment=?",
                 (self.txn_id, segment),
@@ -280,7 +275,7 @@ class EmbeddedTransaction(Transaction):
             path.unlink(missing_ok=True)
 
     def abort(self) -> None:
-        with self.store.catalog.write() as db:
+        with self.engine.catalog.write() as db:
             state = db.execute("SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)).fetchone()[
                 0
             ]

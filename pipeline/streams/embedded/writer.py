@@ -15,18 +15,20 @@ from collections import defaultdict
 from pipeline.streams.api import EventWriter
 from pipeline.streams.embedded.blocks import encode_header
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.store import WRITER_AUTOFLUSH_BYTES, EmbeddedStore, StreamRow
+from pipeline.streams.embedded.engine import Engine, StreamRow, encode
+from pipeline.streams.embedded.routing import route
 
+WRITER_AUTOFLUSH_BYTES = 8 << 20
 Pending = tuple[int, str | None, bytes]  # event number, routing key, encoded frame
 
 
 class EmbeddedWriter(EventWriter):
-    def __init__(self, store: EmbeddedStore, row: StreamRow, writer_id: str | None) -> None:
+    def __init__(self, engine: Engine, row: StreamRow, writer_id: str | None) -> None:
         if writer_id is not None and (not writer_id or len(writer_id) > 255):
             msg = f"a writer id is 1 to 255 characters, not {writer_id!r}"
             raise ValueError(msg)
-        self.store, self.row, self.writer_id = store, row, writer_id
-        self._active = store.segments(row, active_only=True)
+        self.engine, self.row, self.writer_id = engine, row, writer_id
+        self._active = engine.segments(row, active_only=True)
         self._pending: dict[int, list[Pending]] = defaultdict(list)
         self._pending_bytes = 0
         self._last = self._stored_last()
@@ -38,8 +40,8 @@ class EmbeddedWriter(EventWriter):
         """The highest number the store holds for this writer id, over all segments."""
         if self.writer_id is None:
             return 0
-        self.store.tail(self.row.qualified)  # index what crashed writers left unindexed
-        found = self.store.catalog.query_one(
+        self.engine.tail(self.row)  # index what crashed writers left unindexed
+        found = self.engine.catalog.query_one(
             "SELECT MAX(last_event_number) FROM writers WHERE stream_id=? AND writer_id=?",
             (self.row.id, self.writer_id),
             index=True,
@@ -49,10 +51,10 @@ class EmbeddedWriter(EventWriter):
     def write(
         self, payload: bytes, routing_key: str | None = None, event_number: int | None = None
     ) -> None:
-        frame = self.store.encode(payload, routing_key)
+        frame = encode(payload, routing_key)
         if not self._active:
-            self.store.check_writable(self.row)
-        segment = self.store.route(self._active, routing_key)
+            self.engine.check_writable(self.row)
+        segment = route(self._active, routing_key)
         if event_number is None:
             event_number = self._last + 1
         elif self.writer_id is None:
@@ -67,30 +69,30 @@ class EmbeddedWriter(EventWriter):
     def flush(self) -> None:
         if not self._pending:
             return
-        self.store.check_writable(self.row)
+        self.engine.check_writable(self.row)
         while self._pending:
             segment = min(self._pending)
             moved = self._flush_segment(segment, self._pending.pop(segment))
             if moved:  # the segment was sealed by a scale: its successors take the events
-                self._active = self.store.segments(self.row, active_only=True)
+                self._active = self.engine.segments(self.row, active_only=True)
                 if not self._active:
-                    self.store.check_writable(self.row)
+                    self.engine.check_writable(self.row)
                 rerouted: dict[int, list[Pending]] = defaultdict(list)
                 for event in moved:
-                    rerouted[self.store.route(self._active, event[1])].append(event)
+                    rerouted[route(self._active, event[1])].append(event)
                 for target, events in rerouted.items():
                     self._pending[target][:0] = events  # older than anything pending there
         self._pending_bytes = 0
 
     def _flush_segment(self, segment: int, events: list[Pending]) -> list[Pending]:
         """Append `events` as one block; return them instead if the segment is sealed."""
-        segfile = self.store.segment_file(self.row, segment)
+        segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
-            if self.store.segment_sealed(self.row, segment):
+            if self.engine.segment_sealed(self.row, segment):
                 return events
             if self.writer_id is not None:
-                self.store.catch_up(self.row, segment)
-                stored = self.store.writer_position(self.row, segment, self.writer_id)
+                self.engine.catch_up(self.row, segment)
+                stored = self.engine.writer_position(self.row, segment, self.writer_id)
                 events = [e for e in events if e[0] > stored]
                 if not events:
                     return []
@@ -106,5 +108,5 @@ class EmbeddedWriter(EventWriter):
                 last_event_number=max(e[0] for e in events) if self.writer_id else 0,
                 meta=b"w" + self.writer_id.encode() if self.writer_id else b"",
             )
-            self.store.append_block(self.row, segment, header, frames)
+            self.engine.append_block(self.row, segment, header, frames)
         return []

@@ -1,17 +1,12 @@
 """The `pravega` package (module `pravega_client`, a Rust client) behind a typed, quiet front.
 
-Three things about that client shape this module:
-
-- It reads its credentials and trust store from the *process environment* while it builds its
-  configuration (`pravega_client_auth_*`, `pravega_client_tls_cert_path`, a directory). So the
-  manager is built inside `client_environment()`, which sets exactly Sluice's values under a lock,
-  and restores the environment at once: the password does not stay in `os.environ`.
-- It reports failures as `ValueError`/`OSError` carrying a Rust debug string, and bad input as a
-  Rust panic (`pyo3_runtime.PanicException`, a `BaseException`). `guard()` turns all of them
-  into Sluice's typed errors, with secrets masked.
-- It logs through `tracing` to *stdout*, and its manager's repr contains the Basic token. The
-  log level is fixed when the module is first imported (RUST_LOG), so `import_client()` imports
-  it with Sluice's level (off by default, at most warn); its objects are never repr'd here.
+- `client_environment()` builds the client's manager with exactly Sluice's credentials and trust
+  store in the process environment (where the client reads them), under a lock, and restores it.
+- `guard()` turns the client's `ValueError`/`OSError`s and Rust panics into Sluice's typed
+  errors, with secrets masked.
+- `import_client()` imports it with Sluice's log level (off by default, at most warn), since it
+  logs to stdout; its objects (whose repr holds the Basic token) are never repr'd here.
+Why each is needed: ADAPTER.md ("The client package").
 """
 
 from __future__ import annotations

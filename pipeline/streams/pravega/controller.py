@@ -1,16 +1,11 @@
 """A narrow gRPC line to the Pravega controller, for what the Python client does not expose.
 
-The `pravega` package (0.3.8) can tell whether a transaction is open, but not whether a closed
-one was committed or aborted; it cannot list a stream's segments or truncate at a stream cut.
-Those three calls are plain RPCs of the controller's public gRPC service (the same port, 9090,
-the same TLS and the same Basic credentials as the client), so Sluice makes them itself with
-`grpcio`, declaring only the messages it uses. Field numbers and names are copied from Pravega's
-`shared/controller-api/src/main/proto/Controller.proto` (package
-`io.pravega.controller.stream.api.grpc.v1`); the wire format of protobuf makes a subset
-compatible with the full messages.
-
-Every call has a deadline (`SLUICE_PRAVEGA_RPC_TIMEOUT`); an unreachable controller is a
-`StoreUnavailable` within it, never a hang.
+Whether a closed transaction was committed or aborted, a stream's segments, and truncation at a
+stream cut: plain RPCs of the controller's public gRPC service (same port, TLS and credentials
+as the client), made with `grpcio` and declaring only the messages used, with field numbers
+from Pravega's `Controller.proto` (`io.pravega.controller.stream.api.grpc.v1`). Every call has a
+deadline (`SLUICE_PRAVEGA_RPC_TIMEOUT`): an unreachable controller is a `StoreUnavailable`
+within it, never a hang. More: ADAPTER.md.
 """
 
 from __future__ import annotations

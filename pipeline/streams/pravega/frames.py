@@ -1,18 +1,11 @@
 """Exact, offset-bounded reads of one Pravega segment, event by event.
 
-The Python client has no way to read "segment S from offset A to offset B": its readers start
-from a reader group's position (a `StreamCuts` it cannot build from offsets), run to wherever
-the group is, and do not say which segment an event came from. What it does have is
-`ByteStream`, a seekable byte view of a stream's single segment. Pravega stores each event as
-a frame, an 8-byte header (type code 0 = EVENT, then the payload length, both big-endian int32)
-and the payload; the same framing the Java and Rust readers parse. So for a stream with one
-segment this module reads exactly [start, end) by seeking to `start` and parsing frames, and a
-position that is not an event boundary is refused: a frame must carry type 0 and a length of at
-most 8 MiB, and the frames must chain exactly onto `end` (the boundary check is this chain, not a
-walk from the head, so it costs nothing extra).
-
-An event's `offset` is where its frame starts and `end_offset` where the next one does: both are
-positions of Pravega's own stream cuts.
+The client cannot read "segment S from offset A to offset B", but its `ByteStream` is a seekable
+byte view of a stream's single segment. Pravega frames each event with an 8-byte header (type
+code 0 = EVENT, payload length) as its Java and Rust readers parse it, so this module reads
+exactly [start, end) by parsing frames from `start`, and refuses a position that is not an event
+boundary (the frames must chain exactly onto `end`). Offsets are positions of Pravega's own
+stream cuts. Why and how: ADAPTER.md ("Exact reads").
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """How Sluice reaches a Pravega controller: URI, TLS trust, credentials, timeouts.
 
-Everything is read once, when a store is opened, into a frozen `PravegaSettings`:
-
-    pravega://host:9090     plain TCP (`tcp://` is the same)
-    pravegas://host:9090    TLS (`tls://` is the same); the server certificate is checked against
-                            SLUICE_PRAVEGA_TRUSTSTORE (a PEM file or a directory of PEM files),
-                            else the system CA bundle
-
-    SLUICE_PRAVEGA_USER            user for Pravega's password auth handler (Basic)
-    SLUICE_PRAVEGA_PASSWORD_FILE   file holding the password (a Docker/Kubernetes secret);
-    SLUICE_PRAVEGA_PASSWORD        or the password itself (prefer the file)
-    SLUICE_PRAVEGA_CONNECT_TIMEOUT seconds to wait for the controller's port (default 5)
-    SLUICE_PRAVEGA_RPC_TIMEOUT     seconds per controller call made by Sluice itself (default 30)
-    SLUICE_PRAVEGA_CLIENT_LOG      the Rust client's own log level: off (default), error or warn
-    SLUICE_PRAVEGA_ALLOW_PLAINTEXT_AUTH=1  allow a password over pravega:// (refused by default)
-
-Secrets never appear in a URI (one with `user:password@` is refused: URIs end up in shell
-history, logs and Dagster run configs), in a repr, or in an error message.
+Everything is read once, when a store is opened, into a frozen `PravegaSettings`, from the URI
+(`pravega://` or `tcp://` plain, `pravegas://` or `tls://` TLS) and the `SLUICE_PRAVEGA_*`
+environment variables (ADAPTER.md lists them). Secrets never appear in a URI (one with
+`user:password@` is refused: URIs end up in shell history, logs and Dagster run configs), in a
+repr, or in an error message.
 """
 
 from __future__ import annotations

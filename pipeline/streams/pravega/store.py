@@ -1,32 +1,11 @@
 """`PravegaStore`: the stream-store API on a Pravega cluster, through the `pravega` package.
 
-What works as on the embedded store, and what this client (0.3.8) cannot do:
-
-- scopes, streams (fixed segment count), seal, delete, list: yes.
-- retention by size *or* by age: yes, applied by the controller on its own schedule.
-- `writer()` without a writer id: yes; exactly-once per writer object, at-least-once across a
-  crash. `writer(writer_id=...)` and `last_event_number()`: `Unsupported` (no caller writer id).
-- transactions (begin, write, commit, abort, state, lookup by id): yes; the state is asked of
-  the controller. `Transaction.flush()`: `Unsupported` (the client cannot confirm a
-  transaction's events before commit).
-- `head`, `tail`, `read`, `read_segment`, `info`, `truncate`: exact on a stream with **one**
-  segment; `Unsupported` with several, since the client neither reads a chosen segment nor says
-  which segment an event came from; `Unsupported` on a sealed stream (no current segments).
-- `time_cuts`: `Unsupported` (Pravega keeps no event-time index this client can query).
-- reader groups: `Unsupported` (see `reader_group`).
-- `Event.routing_key` and `Event.ingest_time_ns` read back as `None` and `0`: Pravega stores
-  neither with an event.
-
-Reads are exact: a stream with one segment is read as bytes at absolute offsets
-(`pravega_client.ByteStream`) and cut into events by Pravega's own framing (`frames.py`), so a
-read between two cuts returns exactly the events between them, every time, and a position that
-is not an event boundary is refused. Nothing here approximates silently: where the client falls
-short, the call raises `Unsupported` naming the nearest thing that works.
-
-Connecting: `PravegaStore(uri)` first checks, with a plain TCP connect bounded by
-`SLUICE_PRAVEGA_CONNECT_TIMEOUT` (5 s), that the controller's port answers; a closed port is a
-`StoreUnavailable` at once instead of the client's minute of retries. After that, a call whose
-server goes away fails after the client's own retries (about 60 s) or Sluice's RPC deadline.
+Scopes, streams, seal, delete, retention, writers without a writer id and transactions work as
+on the embedded store. Cuts and reads are exact on a stream with one segment (Pravega's own
+framing, `frames.py`). These raise `Unsupported` naming the nearest thing that works: a stream
+with several segments or a sealed one, writer ids, `Transaction.flush()`, `time_cuts`, reader
+groups. Events read back without routing key or ingest time. The client's limits, and why each
+call is as it is: ADAPTER.md next to this file.
 """
 
 from __future__ import annotations

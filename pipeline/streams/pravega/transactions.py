@@ -1,25 +1,10 @@
 """Writers and transactions on a Pravega stream, and what this client cannot promise.
 
-Gaps of the `pravega` Python client (0.3.8), and what Sluice does about each:
-
-- **No writer id / event numbers.** The client's writer deduplicates its own retries (a
-  private writer id and event numbers, so reconnects never duplicate), but a caller cannot give
-  its own id, so a resend *after a crash* is appended again. `writer(stream, writer_id=...)`
-  raises `Unsupported` instead of pretending; use a transaction for exactly-once.
-- **No transaction flush.** The client awaits the acknowledgement of a transaction's events
-  only inside `commit()`. A `flush()` that returned could not mean "these events survive a
-  crash", so `PravegaTransaction.flush()` raises `Unsupported`: keep the input until `commit()`
-  returns, and after a crash ask `state()`.
-- **No committed-vs-aborted.** The client only says whether a transaction is open. Sluice asks
-  the controller directly (`controller.py`), so `state()`, a second `commit()` and a commit
-  after a restart are exact.
-- **Fixed 90 s lease.** The client opens every transaction with a 90 s lease and renews it
-  while the process lives; `lease_seconds` cannot be passed. A transaction left open by a dead
-  process is aborted by the controller about 90 s later (within the controller's
-  `transaction.lease.count.max` / `execution.timeBound.days`, see docker/compose.yaml).
-- **One commit timestamp.** Pravega records a single timestamp per commit (for watermarks);
-  Sluice passes the upper time bound in epoch milliseconds, Pravega's convention. There is no
-  time index to search (see `PravegaStore.time_cuts`).
+A writer is exactly-once per writer object and at-least-once across a crash (no caller writer
+id: `writer_id=...` is `Unsupported`). A transaction is exactly-once for a caller that keeps its
+input until `commit()` returns and asks `state()` after a crash; `flush()` is `Unsupported` (the
+client confirms a transaction's events only at commit), its lease is the client's fixed 90 s,
+and its state comes from the controller (`controller.py`). ADAPTER.md says why, gap by gap.
 """
 
 from __future__ import annotations

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.family import replay_job_name
-from assets.slices import slice_partitions
+from assets.keys import CODE_VERSION_TAG, nightly_schedule_name, replay_job_name, slice_partitions
 from pipeline.settings import StreamFamily
-
-CODE_VERSION_TAG = "dagster/code_version"
 
 
 def recorded_version(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> str | None:
@@ -65,7 +62,7 @@ def nightly_replays(
     timezone: str,
 ) -> dg.ScheduleDefinition:
     @dg.schedule(
-        name=f"nightly_replays_{family.name}",
+        name=nightly_schedule_name(family),
         cron_schedule=cron,
         job=job,
         execution_timezone=timezone,

@@ -15,13 +15,14 @@ from assets.keys import OBSERVE_EDGE_JOB, REFRESH_ANALYTICS_JOB, edge_key
 from assets.sensors import slices_sensor, tail_sensor
 from assets.services import services_sensor
 from pipeline.settings import SluiceSettings, load_settings
+from pipeline.spark.session import SparkSettings
 from resources import AnalyticsResource, SparkResource, StreamStoresResource
 
 
 def build_resources(settings: SluiceSettings) -> dict[str, dg.ConfigurableResource]:
     return {
         "stores": StreamStoresResource(uris=dict(settings.stores)),
-        "spark": SparkResource(),
+        "spark": SparkResource.from_settings(SparkSettings.from_config({"spark": settings.spark})),
         "analytics": AnalyticsResource(
             home=str(settings.home), database=str(settings.analytics_database)
         ),

@@ -47,3 +47,19 @@ def test_one_asset_family_per_configured_stream(settings):
     keys = {key.to_user_string() for key in defs.resolve_all_asset_keys()}
     for family in ("network", "generator"):
         assert f"{family}/edge_stream" in keys
+
+
+def test_the_spark_resource_takes_the_spark_settings(settings, monkeypatch):
+    """`[spark]` of sluice.toml and `SLUICE_SPARK_*` reach the resource, without a session
+    (the docker deployment names the code server as the driver host, for the workers)."""
+    from assets.definitions import build_resources
+
+    monkeypatch.delenv("SLUICE_SPARK_MASTER", raising=False)
+    monkeypatch.setenv("SLUICE_SPARK_DRIVER_HOST", "sluice-code")
+    spark = build_resources(settings)["spark"]
+    assert (spark.master, spark.driver_host, spark.app_name) == (
+        "local[2]",
+        "sluice-code",
+        "sluice-dagster",
+    )
+    assert spark.settings().driver_host == "sluice-code"

@@ -74,18 +74,6 @@ def replay_job(
     )
 
 
-def nightly(
-    family: StreamFamily,
-    job: dg.UnresolvedAssetJobDefinition,
-    replays: Sequence[dg.AssetsDefinition],
-    settings: SluiceSettings,
-) -> dg.ScheduleDefinition:
-    """The nightly schedule of `job`, which knows each replay's current code version."""
-    versions = {replay.key: replay.code_versions_by_key[replay.key] for replay in replays}
-    cron, timezone = settings.dagster.replay_schedule, settings.dagster.timezone
-    return nightly_replays(family, job, versions, cron, timezone)
-
-
 def family_definitions(family: StreamFamily, settings: SluiceSettings) -> FamilyDefinitions:
     """The assets, checks, jobs, schedule and watched checkpoints of one stream family."""
     jobs = FamilyJobs.of(family, dict(settings.stores), settings.export_formats)
@@ -103,13 +91,16 @@ def family_definitions(family: StreamFamily, settings: SluiceSettings) -> Family
     ]
     published += [replay.key for replay in replays]
     replay = replay_job(family, replays) if replays else None
+    schedules = []
+    if replay is not None:
+        schedules.append(nightly_replays(family, replay, replays, settings.dagster))
     return FamilyDefinitions(
         family,
         assets=(edge_asset(family), *(catch_up_asset(step) for step in steps), *replays),
         checks=tuple(checks),
         catch_up_job=catch_up_job(family, steps),
         replay_job=replay,
-        schedules=() if replay is None else (nightly(family, replay, replays, settings),),
+        schedules=tuple(schedules),
         watched=tuple(Watched(s.job, family.name, s.checkpoint, s.keys) for s in steps),
         published=tuple(published),
     )

@@ -1,0 +1,1 @@
+"""Sluice's Dagster definitions: one asset family per stream of sluice.toml (`assets/DESIGN.md`)."""

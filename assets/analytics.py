@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 
+from assets.keys import ANALYTICS_GROUP, ANALYTICS_KEY
 from pipeline.analytics.catalog import (
     AnalyticsError,
     discover_exports,
@@ -26,7 +27,6 @@ from pipeline.settings import SluiceSettings
 from resources.analytics import AnalyticsResource
 from resources.stores import StreamStoresResource
 
-ANALYTICS_KEY = dg.AssetKey(["analytics", "duckdb_views"])
 COUNTED_VIEWS = ("samples", "rates", "quarantine", "slices", "lineage", "replays")
 
 
@@ -57,7 +57,7 @@ def analytics_asset(
     @dg.asset(
         key=ANALYTICS_KEY,
         deps=list(upstream),
-        group_name="analytics",
+        group_name=ANALYTICS_GROUP,
         kinds={"duckdb"},
         # with the daemon running, the views follow their upstream (blocking checks first)
         automation_condition=dg.AutomationCondition.eager(),

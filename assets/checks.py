@@ -1,18 +1,12 @@
 """Asset checks of a family: sample timestamps, quarantine rate, mirror lag.
 
-- `no_duplicate_samples` (blocking): no sensor has two exported samples with one timestamp —
-  the export claims exactly-once, and a duplicate would be counted twice by every analysis;
-- `quarantine_rate` (blocking): the share of events the export refused stays under
-  `[checks] quarantine_rate_max`; more means the schema or the collectors are wrong;
-- `no_sample_gaps` (warning): no step between consecutive samples of one sensor is longer
-  than `max_sample_gap_seconds` in the time range the latest export run wrote (a gap is real
-  data missing at the edge — a collector down — not an error of the pipeline);
-- `mirror_lag` (warning): the mirror's committed position is within
-  `[checks] mirror_lag_max_bytes` of the edge tail.
+- `no_duplicate_samples` (blocking): no sensor has two exported samples with one timestamp;
+- `quarantine_rate` (blocking): the share of refused events stays under its `[checks]` limit;
+- `no_sample_gaps` (warning): no step between samples of one sensor is longer than
+  `max_sample_gap_seconds` in what the latest export run wrote;
+- `mirror_lag` (warning): the mirror's committed position is near the edge tail.
 
-The checks run in the same run as their asset, right after it; the blocking ones guard
-publication: when one fails, the analytics views (which analysts read) are not refreshed in
-that run.
+They run right after their asset; a failing blocking check keeps the analytics views back.
 """
 
 from collections.abc import Iterator
@@ -22,8 +16,9 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
+from assets.catch_up import FamilyJobs
+from assets.keys import export_checks_op, export_key, mirror_key
 from assets.progress import committed_progress
-from assets.streaming import FamilyJobs, export_key, mirror_key
 from pipeline.settings import ChecksTable, StreamFamily
 from resources.stores import StreamStoresResource
 
@@ -135,7 +130,7 @@ def export_checks(
             return f"{family.schema} has no event-time column"
         return Samples(glob, family.sensor_columns, time.name, time.ns_per_unit)
 
-    @dg.multi_asset_check(specs=specs, name=f"check_{family.name}_export", can_subset=True)
+    @dg.multi_asset_check(specs=specs, name=export_checks_op(family), can_subset=True)
     def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
         selected = {k.name for k in context.selected_asset_check_keys}
         found = samples()

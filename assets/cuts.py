@@ -13,10 +13,8 @@ from typing import Any
 
 import dagster as dg
 
+from assets.keys import END_CUT, START_CUT
 from pipeline.streams import StreamCut
-
-START_CUT = "start_cut"
-END_CUT = "end_cut"
 
 
 def cut_range_metadata(start: StreamCut | str | None, end: StreamCut | str) -> dict[str, Any]:

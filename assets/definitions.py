@@ -10,18 +10,19 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.analytics import analytics_asset
-from assets.edge import edge_key
 from assets.family import EXECUTOR, FamilyDefinitions, family_definitions
+from assets.keys import OBSERVE_EDGE_JOB, REFRESH_ANALYTICS_JOB, edge_key
 from assets.sensors import slices_sensor, tail_sensor
 from assets.services import services_sensor
 from pipeline.settings import SluiceSettings, load_settings
+from pipeline.spark.session import SparkSettings
 from resources import AnalyticsResource, SparkResource, StreamStoresResource
 
 
 def build_resources(settings: SluiceSettings) -> dict[str, dg.ConfigurableResource]:
     return {
         "stores": StreamStoresResource(uris=dict(settings.stores)),
-        "spark": SparkResource(),
+        "spark": SparkResource.from_settings(SparkSettings.from_config({"spark": settings.spark})),
         "analytics": AnalyticsResource(
             home=str(settings.home), database=str(settings.analytics_database)
         ),
@@ -32,15 +33,14 @@ def build_sensors(
     settings: SluiceSettings, families: list[FamilyDefinitions]
 ) -> list[dg.SensorDefinition]:
     interval = settings.dagster.tail_sensor_interval_seconds
-    catch_up = [j for f in families for j in f.jobs if j.name.startswith("catch_up_")]
-    replay = [j for f in families for j in f.jobs if j.name.startswith("replay_")]
     sensors = [
-        tail_sensor(settings.streams, interval, catch_up),
+        tail_sensor(settings.streams, interval, [f.catch_up_job for f in families]),
         services_sensor([w for f in families for w in f.watched], interval),
     ]
-    with_models = [f.family for f in families if f.family.models]
-    if with_models:
-        sensors.append(slices_sensor(with_models, interval, replay))
+    replay_jobs = [f.replay_job for f in families if f.replay_job is not None]
+    if replay_jobs:
+        with_models = [f.family for f in families if f.replay_job is not None]
+        sensors.append(slices_sensor(with_models, interval, replay_jobs))
     return sensors
 
 
@@ -48,13 +48,13 @@ def build_definitions(settings: SluiceSettings) -> dg.Definitions:
     """Assets, checks, jobs, sensors and schedules for every configured stream family."""
     families = [family_definitions(f, settings) for f in settings.streams]
     observe_job = dg.define_asset_job(
-        "observe_edge_streams",
+        OBSERVE_EDGE_JOB,
         selection=dg.AssetSelection.assets(*(edge_key(f) for f in settings.streams)),
         description="Observe every edge stream: record its tail cut as its data version.",
     )
     analytics = analytics_asset(settings, [k for f in families for k in f.published])
     refresh_job = dg.define_asset_job(
-        "refresh_analytics",
+        REFRESH_ANALYTICS_JOB,
         selection=dg.AssetSelection.assets(analytics.key),
         description="Refresh the DuckDB views and the rate plots.",
     )

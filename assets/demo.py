@@ -2,18 +2,11 @@
 
     python -m assets.demo --until EPOCH_SECONDS --stopped FLAG_FILE --summary out.json
 
-Every step is a run of the code location's own jobs on Sluice's instance
-(`$SLUICE_HOME/dagster`), so `make ui` shows them afterwards:
-
-1. while the collectors run (until `--until`), over and over: observe the edge streams, then
-   each family's catch-up job (mirror, exports, slices, with their asset checks);
-2. once the collectors have stopped and drained (the parent creates `--stopped`): a last
-   observation and catch-up, then the slices sensor's decision (evaluated as the daemon
-   would) adds a partition per new slice and each requested replay runs; finally the
-   analytics views are refreshed.
-
-Runs execute in this process (`execute_in_process`), so they share one Spark session; the
-summary (runs, check results, replays) is written as JSON for the parent to print.
+While the collectors run: observe the edge streams and run each family's catch-up job, over
+and over. Once they stop (`--stopped` appears): a last catch-up, the slices sensor's decision
+and the replays it asks for, then the analytics views. Every run is a job of the code
+location on Sluice's instance, in this process (one Spark session), so `make ui` shows them
+afterwards; the summary (runs, checks, replays) is JSON for the parent to print.
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ import dagster as dg
 
 from assets.definitions import build_definitions, build_resources
 from assets.instance import sluice_instance
+from assets.keys import OBSERVE_EDGE_JOB, REFRESH_ANALYTICS_JOB, catch_up_job_name
 from assets.sensors import evaluate_slices
 from pipeline.settings import SluiceSettings, load_settings
 
@@ -63,9 +57,9 @@ class DemoRuns:
         return result
 
     def catch_up(self) -> None:
-        self.run("observe_edge_streams")
+        self.run(OBSERVE_EDGE_JOB)
         for family in self.settings.streams:
-            self.run(f"catch_up_{family.name}")
+            self.run(catch_up_job_name(family))
 
     def replay_new_slices(self) -> None:
         families = [f for f in self.settings.streams if f.models]
@@ -119,7 +113,7 @@ def wait_for(flag: Path, timeout: float) -> None:
 def finish_phase(demo: DemoRuns) -> None:
     demo.catch_up()
     demo.replay_new_slices()
-    demo.run("refresh_analytics")
+    demo.run(REFRESH_ANALYTICS_JOB)
 
 
 def main(argv: list[str] | None = None) -> int:

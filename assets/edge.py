@@ -12,13 +12,10 @@ import warnings
 
 import dagster as dg
 
+from assets.keys import edge_key, observe_edge_op
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamInfo, StreamNotFound
 from resources.stores import StreamStoresResource
-
-
-def edge_key(family: StreamFamily) -> dg.AssetKey:
-    return dg.AssetKey([family.name, "edge_stream"])
 
 
 def edge_spec(family: StreamFamily) -> dg.AssetSpec:
@@ -69,6 +66,6 @@ def edge_asset(family: StreamFamily) -> dg.AssetsDefinition:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)  # the AssetSpec-based observable API
         decorate = dg.multi_observable_source_asset(
-            specs=[edge_spec(family)], name=f"observe_edge_{family.name}"
+            specs=[edge_spec(family)], name=observe_edge_op(family)
         )
         return decorate(observe)

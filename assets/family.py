@@ -11,109 +11,96 @@ graph per configured stream; adding a stream to sluice.toml adds a family, with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
-from assets.instance import EXCLUSIVE_TAG
+from assets.catch_up import CatchUpStep, FamilyJobs, catch_up_asset, export_step, mirror_step
+from assets.checks import export_checks, mirror_lag_check
+from assets.edge import edge_asset
+from assets.keys import catch_up_job_name, catch_up_tags, export_key, replay_job_name, slices_key
+from assets.replays import replay_asset
+from assets.schedules import nightly_replays
+from assets.services import Watched
+from assets.slices import slices_step
 from pipeline.settings import SluiceSettings, StreamFamily
 
 #: Steps run in their own processes (one Spark session each), at most this many at once.
 EXECUTOR = dg.multiprocess_executor.configured({"max_concurrent": 2})
 
 
-def catch_up_job_name(family: StreamFamily) -> str:
-    return f"catch_up_{family.name}"
-
-
-def replay_job_name(family: StreamFamily) -> str:
-    return f"replay_{family.name}"
-
-
-def exclusive_tags(job: str, family: StreamFamily) -> dict[str, str]:
-    """Run tags that queue runs of one streaming job of one family one at a time."""
-    return {EXCLUSIVE_TAG: f"{job}/{family.name}"}
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FamilyDefinitions:
     """What the factory made for one family."""
 
     family: StreamFamily
-    assets: list[dg.AssetsDefinition] = field(default_factory=list)
-    checks: list[dg.AssetChecksDefinition] = field(default_factory=list)
-    jobs: list[dg.UnresolvedAssetJobDefinition] = field(default_factory=list)
-    schedules: list[dg.ScheduleDefinition] = field(default_factory=list)
-    watched: list = field(default_factory=list)  # assets.services.Watched
-    published: list[dg.AssetKey] = field(default_factory=list)  # what analytics reads
+    assets: tuple[dg.AssetsDefinition, ...]
+    checks: tuple[dg.AssetChecksDefinition, ...]
+    catch_up_job: dg.UnresolvedAssetJobDefinition
+    replay_job: dg.UnresolvedAssetJobDefinition | None  # None: the family has no models
+    schedules: tuple[dg.ScheduleDefinition, ...]
+    watched: tuple[Watched, ...]  # checkpoints whose services' progress the UI shows
+    published: tuple[dg.AssetKey, ...]  # what the analytics views read
 
-    def job(self, name: str) -> dg.UnresolvedAssetJobDefinition:
-        return next(j for j in self.jobs if j.name == name)
+    @property
+    def jobs(self) -> tuple[dg.UnresolvedAssetJobDefinition, ...]:
+        return tuple(job for job in (self.catch_up_job, self.replay_job) if job is not None)
+
+
+def catch_up_job(
+    family: StreamFamily, steps: Sequence[CatchUpStep[Any]]
+) -> dg.UnresolvedAssetJobDefinition:
+    """The family's catch-up job: every catch-up step, its runs queued one at a time."""
+    return dg.define_asset_job(
+        catch_up_job_name(family),
+        selection=dg.AssetSelection.assets(*(key for step in steps for key in step.keys)),
+        executor_def=EXECUTOR,
+        tags=catch_up_tags(family),
+        description=f"Catch {family.name} up to the edge tail: mirror, exports, slices "
+        "(availableNow runs on the streaming jobs' checkpoints).",
+    )
+
+
+def replay_job(
+    family: StreamFamily, replays: Sequence[dg.AssetsDefinition]
+) -> dg.UnresolvedAssetJobDefinition:
+    return dg.define_asset_job(
+        replay_job_name(family),
+        selection=dg.AssetSelection.assets(*(replay.key for replay in replays)),
+        executor_def=EXECUTOR,
+        description=f"Replay one slice of {family.name} through every model of the family.",
+    )
 
 
 def family_definitions(family: StreamFamily, settings: SluiceSettings) -> FamilyDefinitions:
     """The assets, checks, jobs, schedule and watched checkpoints of one stream family."""
-    from assets.checks import export_checks, mirror_lag_check
-    from assets.edge import edge_asset
-    from assets.replays import replay_asset, replay_key
-    from assets.schedules import nightly_replays
-    from assets.services import Watched
-    from assets.slices import bookmark_spec, slices_asset, slices_key
-    from assets.streaming import FamilyJobs, export_assets, export_key, mirror_asset, mirror_key
-    from pipeline.jobs.checkpoint import default_checkpoint
-
     jobs = FamilyJobs.of(family, dict(settings.stores), settings.export_formats)
-    exports = [export_key(family, f) for f in settings.export_formats]
-    defs = FamilyDefinitions(
-        family,
-        assets=[edge_asset(family), mirror_asset(family, jobs), export_assets(family, jobs)],
-        checks=[mirror_lag_check(family, jobs, settings.checks)],
-        watched=[
-            Watched("mirror", family.name, jobs.checkpoint("mirror"), (mirror_key(family),)),
-            Watched("export", family.name, jobs.checkpoint("export"), tuple(exports)),
-        ],
-        published=[export_key(family, "parquet")] if "parquet" in settings.export_formats else [],
-    )
+    steps: list[CatchUpStep[Any]] = [mirror_step(family, jobs), export_step(family, jobs)]
+    checks = [mirror_lag_check(family, jobs, settings.checks)]
+    published: list[dg.AssetKey] = []
     if "parquet" in settings.export_formats:
-        defs.checks.append(export_checks(family, jobs, settings.checks))
-    streaming = [mirror_key(family), *exports]
+        checks.append(export_checks(family, jobs, settings.checks))
+        published.append(export_key(family, "parquet"))
     if family.bookmark is not None:
-        cloud = settings.stores[family.mirror_store]
-        defs.assets.append(slices_asset(family, cloud))
-        spec = bookmark_spec(family, cloud)
-        checkpoint = default_checkpoint("bookmark", spec.stream, spec.slices_stream)
-        defs.watched.append(Watched("bookmark", family.name, checkpoint, (slices_key(family),)))
-        defs.published.append(slices_key(family))
-        streaming.append(slices_key(family))
-    defs.jobs.append(
-        dg.define_asset_job(
-            catch_up_job_name(family),
-            selection=dg.AssetSelection.assets(*streaming),
-            executor_def=EXECUTOR,
-            tags=exclusive_tags("catch_up", family),
-            description=f"Catch {family.name} up to the edge tail: mirror, exports, slices "
-            "(availableNow runs on the streaming jobs' checkpoints).",
-        )
+        steps.append(slices_step(family))
+        published.append(slices_key(family))
+    replays = [
+        replay_asset(family, name, settings.models[name], settings.home) for name in family.models
+    ]
+    published += [replay.key for replay in replays]
+    replay = replay_job(family, replays) if replays else None
+    schedules = []
+    if replay is not None:
+        schedules.append(nightly_replays(family, replay, replays, settings.dagster))
+    return FamilyDefinitions(
+        family,
+        assets=(edge_asset(family), *(catch_up_asset(step) for step in steps), *replays),
+        checks=tuple(checks),
+        catch_up_job=catch_up_job(family, steps),
+        replay_job=replay,
+        schedules=tuple(schedules),
+        watched=tuple(Watched(s.job, family.name, s.checkpoint, s.keys) for s in steps),
+        published=tuple(published),
     )
-    if family.models:
-        replays = [
-            replay_asset(family, name, settings.models[name], settings.home)
-            for name in family.models
-        ]
-        defs.assets.extend(replays)
-        keys = [replay_key(family, name) for name in family.models]
-        defs.published.extend(keys)
-        job = dg.define_asset_job(
-            replay_job_name(family),
-            selection=dg.AssetSelection.assets(*keys),
-            executor_def=EXECUTOR,
-            description=f"Replay one slice of {family.name} through every model of the family.",
-        )
-        defs.jobs.append(job)
-        versions = {a.key: a.code_versions_by_key[a.key] for a in replays}
-        defs.schedules.append(
-            nightly_replays(
-                family, job, versions, settings.dagster.replay_schedule, settings.dagster.timezone
-            )
-        )
-    return defs

@@ -1,14 +1,8 @@
 """The Dagster instance Sluice runs on: `$SLUICE_HOME/dagster`, with its `dagster.yaml`.
 
-Everything written at run time lives under the home, so Dagster's storage does too. The
-instance's configuration is what keeps the streaming jobs from overlapping:
-
-- **pools** (`concurrency.pools`): every step that advances a stream checkpoint (mirror,
-  export, bookmark) declares a pool named after its job and family, and each pool has one
-  slot, so two runs of one streaming job never run that step at once, whatever launched them
-  (a schedule, a sensor, the UI, `make demo`);
-- **run queue** (`concurrency.runs`): runs tagged `sluice/exclusive` are queued one at a time
-  per tag value, so a second catch-up run waits in the queue instead of taking a run worker.
+Its configuration keeps the streaming jobs from overlapping: every catch-up step declares a
+pool of one slot (`assets/keys.py: pool`), and runs tagged `sluice/exclusive` are queued one
+at a time per tag value (`assets/DESIGN.md` says why both).
 
 `python -m assets.instance` writes the file (if it is not there yet) and prints the
 directory, for `DAGSTER_HOME=$(python -m assets.instance) dagster dev -w workspace.yaml`.
@@ -23,10 +17,9 @@ from typing import Any
 import dagster as dg
 import yaml
 
+from assets.keys import EXCLUSIVE_TAG
 from pipeline import durable
 from pipeline.settings import SluiceSettings, load_settings
-
-EXCLUSIVE_TAG = "sluice/exclusive"
 
 
 def instance_config(max_concurrent_runs: int = 4) -> dict[str, Any]:

@@ -1,16 +1,9 @@
 """Replays: one asset per (family, model), one partition per slice, versioned by the model.
 
-`<family>/replay_<model>` replays a slice (its partition key is the slice id) through the
-model with `pipeline.jobs.replay.replay`: a bounded read between the slice's two cuts, the
-model over the slice as one DataFrame, results and metrics written atomically, and a lineage
-record. The asset's code version is the model's code version (`load_model(...).version`: the
-function's declared `version`, else a hash of its module's source), so after a change to the
-model's code every replay shows as stale in the UI and the nightly schedule re-runs them.
-
-Every materialization runs a blocking determinism check in the same step: the slice is
-replayed a second time into a scratch directory, and its results and metrics files must be
-byte-identical to the ones just written (a replay that is not repeatable cannot validate a
-model, and must not reach the analytics views).
+`<family>/replay_<model>` reads a slice (its partition key is the slice id) between its two
+cuts, runs the model over it (`pipeline.jobs.replay.replay`) and writes results, metrics and
+a lineage record. Its code version is the model's, so a changed model makes every replay
+stale; a blocking check replays the slice again and wants byte-identical files.
 
 Delivery: exactly-once per (slice, model, version, params): a re-run replaces the same files
 with the same bytes (`pipeline/jobs/replay.py`).
@@ -25,9 +18,9 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 
+from assets.catch_up import SPARK_RETRY, Column, column_schema
 from assets.cuts import cut_range_metadata
-from assets.slices import slice_partitions, slices_key
-from assets.streaming import SPARK_RETRY, column_schema
+from assets.keys import replay_key, slice_partitions, slices_key
 from pipeline.jobs.replay import (
     Model,
     ReplayResult,
@@ -40,10 +33,6 @@ from resources.spark import SparkResource
 from resources.stores import StreamStoresResource
 
 DETERMINISM_CHECK = "replay_is_deterministic"
-
-
-def replay_key(family: StreamFamily, model_name: str) -> dg.AssetKey:
-    return dg.AssetKey([family.name, f"replay_{model_name}"])
 
 
 def model_metrics(metrics: dict[str, Any]) -> dict[str, dg.MetadataValue]:
@@ -64,7 +53,7 @@ def model_metrics(metrics: dict[str, Any]) -> dict[str, dg.MetadataValue]:
 def replay_metadata(result: ReplayResult, record: SliceRecord) -> dict[str, Any]:
     lineage, metrics = result.lineage, result.metrics
     schema = [
-        {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in result.results.schema
+        Column(name=f.name, type=str(f.type), nullable=f.nullable) for f in result.results.schema
     ]
     return {
         "slice_id": dg.MetadataValue.text(record.slice_id),

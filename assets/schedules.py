@@ -8,13 +8,12 @@ ran): after a change to a model's code, its replays are stale in the UI until th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import dagster as dg
 
-from assets.family import replay_job_name
-from assets.slices import slice_partitions
-from pipeline.settings import StreamFamily
-
-CODE_VERSION_TAG = "dagster/code_version"
+from assets.keys import CODE_VERSION_TAG, nightly_schedule_name, replay_job_name, slice_partitions
+from pipeline.settings import DagsterTable, StreamFamily
 
 
 def recorded_version(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> str | None:
@@ -60,15 +59,17 @@ def evaluate_nightly(
 def nightly_replays(
     family: StreamFamily,
     job: dg.UnresolvedAssetJobDefinition,
-    versions: dict[dg.AssetKey, str],
-    cron: str,
-    timezone: str,
+    replays: Sequence[dg.AssetsDefinition],
+    table: DagsterTable,
 ) -> dg.ScheduleDefinition:
+    """The nightly schedule of the family's replay `job`, at `[dagster] replay_schedule`."""
+    versions = {replay.key: replay.code_versions_by_key[replay.key] for replay in replays}
+
     @dg.schedule(
-        name=f"nightly_replays_{family.name}",
-        cron_schedule=cron,
+        name=nightly_schedule_name(family),
+        cron_schedule=table.replay_schedule,
         job=job,
-        execution_timezone=timezone,
+        execution_timezone=table.timezone,
         description=f"Replays the slices of {family.name} whose model changed.",
     )
     def _nightly(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:

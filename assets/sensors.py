@@ -1,8 +1,8 @@
 """Sensors: the edge tails move -> catch-up runs; new slices -> partitions and replay runs.
 
 Each sensor's decision is a plain function of (cursor, stores, instance) returning a
-`SensorResult`, so tests call it through `build_sensor_context` with real stores. Cursors
-are small versioned JSON documents (`TailCursor`, `SliceCursor`).
+`SensorResult`, so tests call it through `build_sensor_context` with real stores. Both
+cursors are one small versioned JSON document (`TailsCursor`).
 """
 
 from __future__ import annotations
@@ -13,15 +13,23 @@ from typing import Literal, TypedDict
 
 import dagster as dg
 
-from assets.edge import edge_key, stream_info_metadata
-from assets.family import catch_up_job_name, exclusive_tags, replay_job_name
-from assets.slices import slice_partitions
+from assets.edge import stream_info_metadata
+from assets.keys import (
+    CURSOR_VERSION,
+    DATA_VERSION_TAG,
+    EDGE_TAIL_SENSOR,
+    NEW_SLICES_SENSOR,
+    catch_up_job_name,
+    catch_up_tags,
+    edge_key,
+    replay_job_name,
+    slice_partitions,
+)
 from pipeline.jobs.slices import list_slices
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamNotFound
 from resources.stores import StreamStoresResource
 
-CURSOR_VERSION = 1
 UNFINISHED = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -30,21 +38,22 @@ UNFINISHED = [
 ]
 
 
-class TailCursor(TypedDict):
-    """The edge tail (cut text) each family's last catch-up run was requested for."""
+class TailsCursor(TypedDict):
+    """Per family, the tail (cut text) a sensor last acted on: the edge stream's for the tail
+    sensor (a catch-up run was requested for it), the slices stream's for the slices sensor."""
 
     version: Literal[1]
     tails: dict[str, str]
 
 
-def read_tail_cursor(text: str | None) -> TailCursor:
+def read_tails_cursor(text: str | None) -> TailsCursor:
     if not text:
-        return TailCursor(version=CURSOR_VERSION, tails={})
+        return TailsCursor(version=CURSOR_VERSION, tails={})
     data = json.loads(text)
     if data.get("version") != CURSOR_VERSION:
-        msg = f"tail sensor cursor version {data.get('version')!r} is not {CURSOR_VERSION}"
+        msg = f"sensor cursor version {data.get('version')!r} is not {CURSOR_VERSION}"
         raise dg.DagsterInvariantViolationError(msg + ": reset the sensor's cursor in the UI")
-    return TailCursor(version=CURSOR_VERSION, tails=dict(data["tails"]))
+    return TailsCursor(version=CURSOR_VERSION, tails=dict(data["tails"]))
 
 
 def has_unfinished_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> bool:
@@ -62,7 +71,7 @@ def evaluate_tails(
     A family that already has a catch-up run queued or running gets none (its run will catch
     up to the tail it finds), and its cursor stays, so the next tick asks again.
     """
-    cursor = read_tail_cursor(context.cursor)
+    cursor = read_tails_cursor(context.cursor)
     observations: list[dg.AssetObservation] = []
     requests: list[dg.RunRequest] = []
     skipped: list[str] = []
@@ -79,11 +88,11 @@ def evaluate_tails(
             dg.AssetObservation(
                 asset_key=edge_key(family),
                 metadata=stream_info_metadata(info),
-                tags={"dagster/data_version": tail},
+                tags={DATA_VERSION_TAG: tail},
             )
         )
         job = catch_up_job_name(family)
-        tags = exclusive_tags("catch_up", family)
+        tags = catch_up_tags(family)
         if has_unfinished_run(context.instance, tags):
             skipped.append(f"{family.name}: a {job} run is already queued or running")
             continue
@@ -137,7 +146,7 @@ def tail_sensor(
         "run (mirror, exports, slices up to the tail)."
     )
     return store_sensor(
-        "edge_tail_sensor",
+        EDGE_TAIL_SENSOR,
         description,
         evaluate_tails,
         families=families,
@@ -147,18 +156,6 @@ def tail_sensor(
 
 
 # --- slices -> partitions and replays -----------------------------------------------------
-
-
-class SliceCursor(TypedDict):
-    """The slices-stream tail each family's slices were last listed at."""
-
-    version: Literal[1]
-    tails: dict[str, str]
-
-
-def read_slice_cursor(text: str | None) -> SliceCursor:
-    tails = read_tail_cursor(text)["tails"]  # the same versioned shape
-    return SliceCursor(version=CURSOR_VERSION, tails=tails)
 
 
 def evaluate_slices(
@@ -171,7 +168,7 @@ def evaluate_slices(
     New means: in the slices stream, not yet a partition of the family's replay assets. The
     cursor (the slices stream's tail) only saves listing the stream when nothing was added.
     """
-    cursor = read_slice_cursor(context.cursor)
+    cursor = read_tails_cursor(context.cursor)
     adds: list[dg.AddDynamicPartitionsRequest] = []
     requests: list[dg.RunRequest] = []
     for family in families:
@@ -205,7 +202,7 @@ def slices_sensor(
 ) -> dg.SensorDefinition:
     description = "Adds a replay partition for every new slice and requests its replays."
     return store_sensor(
-        "new_slices_sensor",
+        NEW_SLICES_SENSOR,
         description,
         evaluate_slices,
         families=families,

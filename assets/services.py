@@ -1,24 +1,28 @@
 """Long-lived services -> materializations: the progress of `sluice run … --continuous`.
 
-When the mirror, export or bookmark job of a family runs as a service, it advances the
-checkpoint that the family's Dagster assets also use (`assets/streaming.py`). This sensor
-reads each checkpoint (`assets/progress.py`) and, for batches committed since the asset's
-latest materialization, reports one materialization with their cut range and counts — so the
-UI shows the service's progress as it happens, with the same metadata as a Dagster run.
-
-Batches a Dagster run commits are reported by that run (its materialization's `last_batch`),
-so the sensor leaves a family's job alone while a Dagster run of that asset is unfinished.
+A mirror, export or bookmark service advances the checkpoint the family's catch-up assets
+also use (`assets/catch_up.py`). This sensor reads each checkpoint (`assets/progress.py`) and
+reports the batches committed since the asset's latest materialization as one
+materialization, with the metadata a Dagster run records. It leaves an asset alone while a
+Dagster run of it is unfinished: that run reports its own batches (`last_batch`).
 """
 
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import dagster as dg
 
 from assets.cuts import cut_range_metadata, metadata_text
+from assets.keys import (
+    CURSOR_VERSION,
+    DATA_VERSION_TAG,
+    LAST_BATCH,
+    SERVICE_PROGRESS_SENSOR,
+    StreamingJob,
+)
 from assets.progress import batch_end_cut, committed_progress, ledger_totals
 from assets.sensors import UNFINISHED
 from pipeline.jobs.checkpoint import recorded_start
@@ -29,17 +33,25 @@ from pipeline.streams import StreamCut
 class Watched:
     """A checkpoint whose progress becomes materializations of `keys`."""
 
-    job: str
+    job: StreamingJob
     family: str
     checkpoint: Path
     keys: tuple[dg.AssetKey, ...]
+
+
+class ServicesCursor(TypedDict):
+    """The last batch reported per `<job>/<family>`: shown in the UI; what to report next is
+    decided from the assets' latest materializations, not from the cursor."""
+
+    version: Literal[1]
+    reported: dict[str, int]
 
 
 def last_reported_batch(instance: dg.DagsterInstance, key: dg.AssetKey) -> int:
     event = instance.get_latest_materialization_event(key)
     if event is None or event.asset_materialization is None:
         return -1
-    text = metadata_text(event.asset_materialization.metadata, "last_batch")
+    text = metadata_text(event.asset_materialization.metadata, LAST_BATCH)
     return int(text) if text is not None else -1
 
 
@@ -74,7 +86,7 @@ def progress_events(
         "quarantined": dg.MetadataValue.int(totals.quarantined),
         "bytes": dg.MetadataValue.int(totals.bytes),
         "batches": dg.MetadataValue.int(totals.batches),
-        "last_batch": dg.MetadataValue.int(progress.batch_id),
+        LAST_BATCH: dg.MetadataValue.int(progress.batch_id),
         "checkpoint": dg.MetadataValue.path(str(watched.checkpoint)),
         "reported_by": dg.MetadataValue.text(f"{watched.job} service (checkpoint progress)"),
     }
@@ -82,7 +94,7 @@ def progress_events(
         dg.AssetMaterialization(
             asset_key=key,
             metadata=metadata,
-            tags={"dagster/data_version": progress.end_cut.text},
+            tags={DATA_VERSION_TAG: progress.end_cut.text},
             description=f"progress of the continuous {watched.job} service",
         )
         for key in watched.keys
@@ -101,16 +113,17 @@ def evaluate_services(
         found = progress_events(context.instance, item)
         events += found
         if found:
-            reported[f"{item.job}/{item.family}"] = int(found[0].metadata["last_batch"].value)
-    cursor = json.dumps({"version": 1, "reported": reported}) if reported else context.cursor
-    return dg.SensorResult(asset_events=events, cursor=cursor)
+            reported[f"{item.job}/{item.family}"] = int(found[0].metadata[LAST_BATCH].value)
+    cursor = ServicesCursor(version=CURSOR_VERSION, reported=reported)
+    text = json.dumps(cursor) if reported else context.cursor
+    return dg.SensorResult(asset_events=events, cursor=text)
 
 
 def services_sensor(watched: Sequence[Watched], interval_seconds: int) -> dg.SensorDefinition:
     watched = tuple(watched)
 
     @dg.sensor(
-        name="streaming_service_progress",
+        name=SERVICE_PROGRESS_SENSOR,
         minimum_interval_seconds=interval_seconds,
         description="Turns the progress of continuous mirror/export/bookmark services (their "
         "checkpoints) into materializations of the family's assets.",

@@ -1,11 +1,10 @@
 """Spark as a Dagster resource: lazy, one session per process (`LazyPySparkResource`'s idea).
 
-The session is built only when a step asks for it, through `pipeline.spark.session`, so it has
-the `sluice` data sources registered, the running interpreter as `PYSPARK_PYTHON` and the
-driver bound to loopback. `master` is `local[*]` by default (or `[spark] master` of
-sluice.toml); any `spark://`, `k8s://` or `yarn` master by configuration. Spark allows one
-session per process, so every step of a run in one process shares it, and it is never stopped
-by the resource (stopping it would cost the next step a JVM start-up).
+Its fields are `SparkSettings`'s, filled by `assets/definitions.py` from `[spark]` of
+sluice.toml and `SLUICE_SPARK_*` (`from_settings`), so the UI shows how runs build Spark.
+The session is built only when a step asks for it, through `pipeline.spark.session`, with the
+`sluice` data sources registered; every step of a run in one process shares it, and the
+resource never stops it (the next step would pay for a JVM start-up again).
 """
 
 from __future__ import annotations
@@ -22,26 +21,36 @@ if TYPE_CHECKING:
 
 
 class SparkResource(dg.ConfigurableResource):
-    """A lazily created Spark session; `master=None` keeps the sluice.toml / env settings."""
+    """A lazily created Spark session; `local[*]` on loopback unless configured."""
 
-    master: str | None = None
+    master: str = "local[*]"
     app_name: str = "sluice-dagster"
     driver_host: str = "127.0.0.1"
+    log_level: str = "ERROR"
+    ui: bool = False
     conf: dict[str, str] = {}
 
     _session: SparkSession | None = PrivateAttr(default=None)
 
-    def settings(self) -> SparkSettings:
-        from pipeline.config import load_config
+    @classmethod
+    def from_settings(cls, settings: SparkSettings) -> SparkResource:
+        """The resource for `settings` (their `app_name` aside: Dagster's runs keep theirs)."""
+        return cls(
+            master=settings.master,
+            driver_host=settings.driver_host,
+            log_level=settings.log_level,
+            ui=settings.ui,
+            conf=dict(settings.conf),
+        )
 
-        base = SparkSettings.from_config(load_config())
+    def settings(self) -> SparkSettings:
         return SparkSettings(
-            master=self.master or base.master,
+            master=self.master,
             app_name=self.app_name,
             driver_host=self.driver_host,
-            log_level=base.log_level,
-            ui=base.ui,
-            conf=tuple(sorted({**dict(base.conf), **self.conf}.items())),
+            log_level=self.log_level,
+            ui=self.ui,
+            conf=tuple(sorted(self.conf.items())),
         )
 
     @property

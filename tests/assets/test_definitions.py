@@ -47,3 +47,35 @@ def test_one_asset_family_per_configured_stream(settings):
     keys = {key.to_user_string() for key in defs.resolve_all_asset_keys()}
     for family in ("network", "generator"):
         assert f"{family}/edge_stream" in keys
+
+
+def test_the_spark_resource_takes_the_spark_settings(settings, monkeypatch):
+    """`[spark]` of sluice.toml and `SLUICE_SPARK_*` reach the resource, without a session
+    (the docker deployment names the code server as the driver host, for the workers)."""
+    from assets.definitions import build_resources
+
+    monkeypatch.delenv("SLUICE_SPARK_MASTER", raising=False)
+    monkeypatch.setenv("SLUICE_SPARK_DRIVER_HOST", "sluice-code")
+    spark = build_resources(settings)["spark"]
+    assert (spark.master, spark.driver_host, spark.app_name) == (
+        "local[2]",
+        "sluice-code",
+        "sluice-dagster",
+    )
+    assert spark.settings().driver_host == "sluice-code"
+
+
+def test_the_names_the_deployment_relies_on(settings):
+    """Steps, pools and run tags are configuration of the instance and its history: a change
+    of code structure must not rename them."""
+    from assets.definitions import build_definitions
+
+    defs = build_definitions(settings)
+    catch_up = defs.resolve_job_def("catch_up_network")
+    pools = {node.name: node.definition.pool for node in catch_up.graph.nodes}
+    assert pools["network__cloud_mirror"] == "sluice_mirror_network"
+    assert pools["export_network"] == "sluice_export_network"
+    assert pools["network__slices"] == "sluice_bookmark_network"
+    assert catch_up.tags["sluice/exclusive"] == "catch_up/network"
+    sensors = {sensor.name for sensor in defs.sensors}
+    assert {"edge_tail_sensor", "new_slices_sensor", "streaming_service_progress"} <= sensors

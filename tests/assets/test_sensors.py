@@ -95,7 +95,7 @@ def test_service_progress_becomes_materializations(settings, spark):
 
 
 def family_mirror_spec(settings):
-    from assets.streaming import FamilyJobs
+    from assets.catch_up import FamilyJobs
 
     net = settings.family("network")
     return FamilyJobs.of(net, dict(settings.stores), settings.export_formats).mirror

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from assets.catch_up import FamilyJobs
 from assets.definitions import build_definitions, build_resources
-from assets.streaming import FamilyJobs
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity
 from tests.assets.conftest import head_text, materialized, samples, tail_text, write_events
 

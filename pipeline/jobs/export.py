@@ -7,7 +7,8 @@ Each trigger (10 s by default, as the reference tool) publishes a new set of fil
 `max_rows_per_file` rows each, hive-partitioned by the rows' event time (`date=`/`hour=`,
 UTC); every row carries `_segment`, `_offset`, `_sample`; malformed events go to the
 `_quarantine` Parquet table with their raw payload, position and reason. The file layout and
-how a batch is published are in `pipeline/spark/files.py`.
+how a batch is published are in `pipeline/spark/export_layout.py`
+and `export_sink.py`.
 
 Query the result with DuckDB:
 

@@ -15,7 +15,7 @@ Options of `sluice` reads: `store` (URI; default the configured store), `stream`
 Writes: `store`, `stream`, `routingKey` (fixed key), `state` (ledger file; default next to the
 checkpoint), `batchId` (batch writes), `createSegments` (create the stream if missing), `commitMode`
 (`auto`, `tasks` or `driver`: who writes the transactions).
-Delivery guarantees are stated in `reading.py`, `writing.py` and `files.py`.
+Delivery guarantees are stated in `reading.py`, `writing.py` and `export_sink.py`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-    from pipeline.spark.files import ExportBatchWriter, ExportStreamWriter
+    from pipeline.spark.export_sink import ExportBatchWriter, ExportStreamWriter
     from pipeline.spark.reading import SluiceBatchReader, SluiceStreamReader
     from pipeline.spark.writing import SluiceBatchWriter, SluiceStreamWriter
 
@@ -95,12 +95,12 @@ class SluiceExportDataSource(DataSource):
         return EXPORT
 
     def writer(self, schema: StructType, overwrite: bool) -> ExportBatchWriter:
-        from pipeline.spark.files import ExportBatchWriter
+        from pipeline.spark.export_sink import ExportBatchWriter
 
         return ExportBatchWriter(ExportOptions.parse(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ExportStreamWriter:
-        from pipeline.spark.files import ExportStreamWriter
+        from pipeline.spark.export_sink import ExportStreamWriter
 
         return ExportStreamWriter(ExportOptions.parse(self.options))
 

@@ -31,7 +31,7 @@ from assets.progress import committed_progress as read_progress
 from pipeline.jobs.checkpoint import CheckpointInUse, default_checkpoint
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.mirror import MirrorSpec, mirror
-from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
+from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamCut
 from resources.spark import SparkResource

@@ -28,7 +28,7 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 
-from pipeline.jobs.join import StreamingJoin, join_indices, join_tables
+from pipeline.timejoin import StreamingJoin, join_indices, join_tables
 
 
 class BufferAndScanJoin:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from pipeline.jobs.mirror import MirrorSpec, mirror
-from pipeline.jobs.streaming import RunOptions
+from pipeline.jobs.runner import RunOptions
 from pipeline.spark.session import SparkSettings, spark_session
 from pipeline.streams import StreamStore, open_store
 

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
+    from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
     from pipeline.schemas import FlattenPlan
     from pipeline.streams import StreamStore
 
@@ -348,7 +348,7 @@ def bookmark(
 ) -> JobSummary:
     """Run the bookmark job (see the module doc) until caught up or stopped."""
     from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-    from pipeline.jobs.streaming import JobSummary, await_query, source_frame, with_trigger
+    from pipeline.jobs.runner import JobSummary, await_query, source_frame, with_trigger
 
     identity = JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
     root = run.checkpoint or default_checkpoint("bookmark", spec.stream, spec.slices_stream)

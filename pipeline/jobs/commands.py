@@ -26,7 +26,7 @@ Adding a job (for example `sluice run bookmark`): write, in your own module,
 
 and add `"your.module:register_run"` to `JOB_REGISTRARS` below (one line). `common` already
 holds the flags every job shares (`--checkpoint`, `--available-now/--continuous`,
-`--trigger`, `--from`, `--max-events`, `--max-bytes`); `pipeline.jobs.streaming` has the
+`--trigger`, `--from`, `--max-events`, `--max-bytes`); `pipeline.jobs.runner` has the
 query runner (`source_frame`, `with_trigger`, `await_query`) that gives per-batch reports.
 """
 
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import SluiceError
-from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
+from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,7 +51,7 @@ TRIGGER_FLAG, FORMAT_FLAG, ROWS_FLAG = "--trigger", "--format", "--max-rows-per-
 JOB_REGISTRARS = (
     "pipeline.jobs.commands:register_builtin",  # mirror, export, console
     "pipeline.jobs.bookmark:register_run",  # bookmark
-    "pipeline.jobs.join_job:register_run",  # join
+    "pipeline.jobs.stream_join:register_run",  # join
 )
 
 

@@ -19,7 +19,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, TextIO
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import BatchReport, JobSource, JobSummary, RunOptions, run_query
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

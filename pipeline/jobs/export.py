@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import BatchReport, JobSource, JobSummary, RunOptions, run_query
 from pipeline.schemas import flatten_plan
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import BatchReport, JobSource, JobSummary, RunOptions, run_query
 from pipeline.streams import open_store
 
 if TYPE_CHECKING:

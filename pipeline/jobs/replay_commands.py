@@ -21,7 +21,7 @@ def _register_join(subparsers: argparse._SubParsersAction) -> None:
         description="Join LEFT and RIGHT (Parquet or CSV files with a time column in seconds): "
         "each record of either series is paired with the latest record at or before its time "
         "and the earliest at or after it in the other series; each pair once, in an order "
-        "that does not depend on how the files were written. See pipeline/jobs/join.py.",
+        "that does not depend on how the files were written. See pipeline/timejoin.py.",
     )
     p.add_argument("left", type=Path, help="left series (.parquet or .csv)")
     p.add_argument("right", type=Path, help="right series (.parquet or .csv)")
@@ -38,7 +38,7 @@ def _register_join(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_join(args: argparse.Namespace) -> int:
-    from pipeline.jobs.join import JoinInputError, join_files
+    from pipeline.timejoin import JoinInputError, join_files
 
     if args.max_gap is not None and args.max_gap < 0:
         reason = f"--max-gap must be zero or more seconds, not {args.max_gap}"

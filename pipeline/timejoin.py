@@ -38,7 +38,7 @@ completed by a right record, equal-time pairs included (by right row, then left 
 of a series are numbered in time order, stable for equal times (file order).
 
 Where it runs: `join_tables` (files: `sluice join`), `StreamingJoin` (incremental; over
-two streams as `sluice run join`, `pipeline/jobs/join_job.py`), and the replay model
+two streams as `sluice run join`, `pipeline/jobs/stream_join.py`), and the replay model
 `pipeline.models.join:join` (over a slice).
 
 How

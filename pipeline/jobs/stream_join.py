@@ -32,12 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import durable
-from pipeline.jobs.join import JoinInputError, Side, StreamingJoin
+from pipeline.timejoin import JoinInputError, Side, StreamingJoin
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
+    from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
     from pipeline.schemas import FlattenPlan
 
 NS = 1_000_000_000
@@ -63,7 +63,7 @@ class SeriesSource:
 
 
 @dataclass(frozen=True, slots=True)
-class JoinJobSpec:
+class StreamJoinSpec:
     left: SeriesSource
     right: SeriesSource
     schema: str
@@ -73,7 +73,7 @@ class JoinJobSpec:
     max_gap_seconds: float | None = None
 
 
-def _gap_in_units(plan: FlattenPlan, spec: JoinJobSpec) -> float | None:
+def _gap_in_units(plan: FlattenPlan, spec: StreamJoinSpec) -> float | None:
     """`--max-gap` seconds in the time column's unit (ns for `*Nanos`, else seconds)."""
     if spec.max_gap_seconds is None:
         return None
@@ -101,7 +101,7 @@ def _latest_state(root: Path, before: int) -> Path | None:
 
 
 def process_batch(
-    spec: JoinJobSpec, plan: FlattenPlan, root: Path, batch_id: int, events: pa.Table
+    spec: StreamJoinSpec, plan: FlattenPlan, root: Path, batch_id: int, events: pa.Table
 ) -> int:
     """Feed one micro-batch to the joiner; write its final pairs; return how many."""
     if _state_dir(root, batch_id).exists():
@@ -135,7 +135,7 @@ def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
         pq.write_table(rows, staging, compression="zstd")
 
 
-def _foreach(spec: JoinJobSpec, root: Path) -> Callable[[DataFrame, int], None]:
+def _foreach(spec: StreamJoinSpec, root: Path) -> Callable[[DataFrame, int], None]:
     from pipeline.schemas import flatten_plan
 
     plan = flatten_plan(spec.schema)
@@ -151,13 +151,13 @@ def _foreach(spec: JoinJobSpec, root: Path) -> Callable[[DataFrame, int], None]:
 
 def join_streams(
     spark: SparkSession,
-    spec: JoinJobSpec,
+    spec: StreamJoinSpec,
     run: RunOptions,
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the join job (see the module doc) until caught up or stopped."""
     from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-    from pipeline.jobs.streaming import JobSummary, await_query, source_frame, with_trigger
+    from pipeline.jobs.runner import JobSummary, await_query, source_frame, with_trigger
 
     sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
         spec.right.routing_key
@@ -197,7 +197,7 @@ def _run_join(args: Any) -> int:
     )
 
     store = store_uri(args)
-    spec = JoinJobSpec(
+    spec = StreamJoinSpec(
         SeriesSource.parse(args.left),
         SeriesSource.parse(args.right),
         args.schema,

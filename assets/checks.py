@@ -22,8 +22,8 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
-from assets.progress import committed_progress
 from assets.streaming import FamilyJobs, export_key, mirror_key
+from pipeline.jobs.checkpoint import committed_progress
 from pipeline.settings import ChecksTable, StreamFamily
 from resources.stores import StreamStoresResource
 

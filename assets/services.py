@@ -2,7 +2,7 @@
 
 When the mirror, export or bookmark job of a family runs as a service, it advances the
 checkpoint that the family's Dagster assets also use (`assets/streaming.py`). This sensor
-reads each checkpoint (`assets/progress.py`) and, for batches committed since the asset's
+reads each checkpoint (`pipeline/jobs/checkpoint.py`) and, for batches committed since the asset's
 latest materialization, reports one materialization with their cut range and counts — so the
 UI shows the service's progress as it happens, with the same metadata as a Dagster run.
 
@@ -19,9 +19,13 @@ from typing import Any
 import dagster as dg
 
 from assets.cuts import cut_range_metadata, metadata_text
-from assets.progress import batch_end_cut, committed_progress, ledger_totals
 from assets.sensors import UNFINISHED
-from pipeline.jobs.checkpoint import recorded_start
+from pipeline.jobs.checkpoint import (
+    batch_end_cut,
+    committed_progress,
+    ledger_totals,
+    recorded_start,
+)
 from pipeline.streams import StreamCut
 
 

@@ -26,9 +26,14 @@ from dagster import AssetExecutionContext
 
 from assets.cuts import END_CUT, cut_range_metadata
 from assets.edge import edge_key
-from assets.progress import BatchTotals, CheckpointProgress, ledger_totals
-from assets.progress import committed_progress as read_progress
-from pipeline.jobs.checkpoint import CheckpointInUse, default_checkpoint
+from pipeline.jobs.checkpoint import (
+    BatchTotals,
+    CheckpointInUse,
+    CheckpointProgress,
+    default_checkpoint,
+    ledger_totals,
+)
+from pipeline.jobs.checkpoint import committed_progress as read_progress
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions

@@ -43,16 +43,24 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from pipeline import durable
 from pipeline.errors import SluiceError
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.runner import (
+    BatchReport,
+    BatchStates,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+)
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, record_slices
 from pipeline.streams import StreamCut, open_store, parse_stream
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
 
-    from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
     from pipeline.schemas import FlattenPlan
     from pipeline.streams import StreamStore
 
@@ -292,20 +300,15 @@ class Bookmarker:
 # --- the job --------------------------------------------------------------------------------
 
 
-def _state_path(root: Path, batch_id: int) -> Path:
-    return root / f"state-{batch_id:012d}.json"
-
-
-def load_state(root: Path, before: int) -> BookmarkState:
-    """The state saved by the latest batch before `before` (a fresh one if none)."""
-    saved = sorted(p for p in root.glob("state-*.json") if int(p.stem[6:]) < before)
-    return BookmarkState.from_json(saved[-1].read_text()) if saved else BookmarkState()
-
-
-def save_state(root: Path, batch_id: int, state: BookmarkState) -> None:
-    durable.write_text(_state_path(root, batch_id), state.to_json())
-    for old in sorted(root.glob("state-*.json"))[:-2]:
-        old.unlink()
+def bookmark_states(root: Path) -> BatchStates[BookmarkState]:
+    """The job's state after each batch, as JSON files under `root`."""
+    return BatchStates(
+        root,
+        fresh=BookmarkState,
+        load=lambda path: BookmarkState.from_json(path.read_text()),
+        save=lambda state, path: path.write_text(state.to_json()),
+        suffix=".json",
+    )
 
 
 def process_batch(
@@ -318,14 +321,15 @@ def process_batch(
     events: pa.Table,
 ) -> list[SliceRecord]:
     """One micro-batch, idempotently: skip it if its state exists, else record and save."""
-    if _state_path(root, batch_id).exists():
-        return []
-    bookmarker = Bookmarker(spec, plan, load_state(root, batch_id))
-    ordered = events.sort_by([("segment", "ascending"), ("offset", "ascending")])
-    closed = bookmarker.process(ordered, store.head(spec.stream).segments)
-    record_slices(store, closed, spec.slices_stream)
-    save_state(root, batch_id, bookmarker.state)
-    return closed
+
+    def step(state: BookmarkState) -> list[SliceRecord]:
+        bookmarker = Bookmarker(spec, plan, state)
+        ordered = events.sort_by([("segment", "ascending"), ("offset", "ascending")])
+        closed = bookmarker.process(ordered, store.head(spec.stream).segments)
+        record_slices(store, closed, spec.slices_stream)
+        return closed
+
+    return bookmark_states(root).run(batch_id, step) or []
 
 
 def _foreach(spec: BookmarkSpec, root: Path) -> Callable[[DataFrame, int], None]:
@@ -347,23 +351,18 @@ def bookmark(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the bookmark job (see the module doc) until caught up or stopped."""
-    from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-    from pipeline.jobs.runner import JobSummary, await_query, source_frame, with_trigger
-
     identity = JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
     root = run.checkpoint or default_checkpoint("bookmark", spec.stream, spec.slices_stream)
+
+    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
+        process = _foreach(spec, checkpoint.root / "bookmarks")
+        return events.writeStream.foreachBatch(process).queryName(f"bookmark {spec.stream}")
+
     with Checkpoint(root, identity) as checkpoint:
-        frame = source_frame(spark, spec.store, spec.stream, run)
-        writer = frame.writeStream.foreachBatch(_foreach(spec, checkpoint.root / "bookmarks"))
-        writer = with_trigger(writer, run).option("checkpointLocation", str(checkpoint.spark_dir))
-        query = writer.queryName(f"bookmark {spec.stream}").start()
-        batches = await_query("bookmark", query, run, report)
-        return JobSummary(
-            "bookmark",
-            str(checkpoint.root),
-            batches,
-            {"slices_stream": spec.slices_stream, "reason": spec.reason},
-        )
+        source = JobSource(spec.store, spec.stream)
+        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
+        outputs = {"slices_stream": spec.slices_stream, "reason": spec.reason}
+        return JobSummary("bookmark", str(checkpoint.root), batches, outputs)
 
 
 # --- `sluice run bookmark` ------------------------------------------------------------------

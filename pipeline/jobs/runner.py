@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.spark.ledger import BatchLedger
 from pipeline.streams import StreamCut
@@ -124,19 +126,72 @@ class JobSource:
     emit: Literal["events", "ranges"] = "events"
 
 
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStates(Generic[S]):
+    """The state a `foreachBatch` job (bookmark, streaming join) carries from batch to batch,
+    one file or directory per batch under `root` (`state-<batch>` + `suffix`).
+
+    Batch N starts from the state of the latest batch before N and, once its output is out,
+    saves its own under N (atomically); a batch whose state exists was done before a crash
+    and is skipped. So a batch Spark re-runs sees the same state, and with idempotent output
+    (deterministic ids or file names) the job is exactly-once. The last two states are kept.
+    """
+
+    root: Path
+    fresh: Callable[[], S]
+    load: Callable[[Path], S]
+    save: Callable[[S, Path], None]
+    suffix: str = ""
+
+    def path(self, batch_id: int) -> Path:
+        return self.root / f"state-{batch_id:012d}{self.suffix}"
+
+    def run(self, batch_id: int, step: Callable[[S], R]) -> R | None:
+        """`step(state)` for batch `batch_id` (it updates the state in place), then save the
+        state; None when the batch was done before."""
+        if self.path(batch_id).exists():
+            return None
+        saved = self._saved()
+        earlier = [p for p in saved if int(p.name[6:18]) < batch_id]
+        state = self.load(earlier[-1]) if earlier else self.fresh()
+        result = step(state)
+        with durable.atomic_path(self.path(batch_id)) as staging:
+            self.save(state, staging)
+        for old in self._saved()[:-2]:
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        return result
+
+    def _saved(self) -> list[Path]:
+        return sorted(self.root.glob(f"state-*{self.suffix}"))
+
+
 def run_query(
     spark: SparkSession,
     checkpoint: Checkpoint,
-    source: JobSource,
-    *,
+    *sources: JobSource,
     run: RunOptions,
     sink: Callable[[DataFrame, Checkpoint], DataStreamWriter],
     report: Callable[[BatchReport], None],
 ) -> tuple[BatchReport, ...]:
     """What every streaming job does on its acquired checkpoint: start at `--from` (first
-    run) or where it stopped, read `source`, write through `sink`, report each batch."""
-    run = resolve_start(checkpoint, run, source.store, source.stream)
-    events = source_frame(spark, source.store, source.stream, run, emit=source.emit)
+    run) or where it stopped, read `sources` (one, or several unioned: the streaming join),
+    write through `sink`, report each batch."""
+    frames = [
+        source_frame(
+            spark, s.store, s.stream, resolve_start(checkpoint, run, s, len(sources)), s.emit
+        )
+        for s in sources
+    ]
+    events = frames[0]
+    for frame in frames[1:]:
+        events = events.unionByName(frame)
     writer = sink(events, checkpoint).option("checkpointLocation", str(checkpoint.spark_dir))
     query = with_trigger(writer, run).start()
     return await_query(
@@ -168,19 +223,24 @@ def source_frame(
     return reader.load()
 
 
-def resolve_start(checkpoint: Checkpoint, run: RunOptions, store: str, stream: str) -> RunOptions:
-    """On a new checkpoint, `--from head|tail` as the cut it stands for now, recorded in the
-    checkpoint so that every report of its first batch can name where it began."""
+def resolve_start(
+    checkpoint: Checkpoint, run: RunOptions, source: JobSource, sources: int = 1
+) -> RunOptions:
+    """On a new checkpoint, `--from head|tail` as the cut it stands for now in `source`; a
+    job of one source records it in the checkpoint, so that every report of its first batch
+    can name where it began."""
     if not checkpoint.is_new:
         return run
     start = run.starting
     if start.lower() in ("head", "tail", "latest"):
         from pipeline.streams import open_store
 
-        with open_store(store) as opened:
-            cut = opened.head(stream) if start.lower() == "head" else opened.tail(stream)
+        with open_store(source.store) as opened:
+            head = start.lower() == "head"
+            cut = opened.head(source.stream) if head else opened.tail(source.stream)
         start = cut.text
-    checkpoint.record_start(start)
+    if sources == 1:
+        checkpoint.record_start(start)
     return replace(run, starting=start)
 
 

@@ -21,7 +21,6 @@ the pairs not yet final.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +31,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import durable
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.runner import (
+    BatchReport,
+    BatchStates,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+)
 from pipeline.timejoin import JoinInputError, Side, StreamingJoin
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
 
-    from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
     from pipeline.schemas import FlattenPlan
 
 NS = 1_000_000_000
@@ -91,41 +99,36 @@ def _series_rows(plan: FlattenPlan, events: pa.Table, time_column: str) -> pa.Ta
     return rows.take(pa.array(order))
 
 
-def _state_dir(root: Path, batch_id: int) -> Path:
-    return root / f"state-{batch_id:012d}"
-
-
-def _latest_state(root: Path, before: int) -> Path | None:
-    saved = sorted(p for p in root.glob("state-*") if int(p.name[6:]) < before)
-    return saved[-1] if saved else None
-
-
 def process_batch(
     spec: StreamJoinSpec, plan: FlattenPlan, root: Path, batch_id: int, events: pa.Table
 ) -> int:
     """Feed one micro-batch to the joiner; write its final pairs; return how many."""
-    if _state_dir(root, batch_id).exists():
-        return 0  # this batch was done before a crash: its part file is already published
-    previous = _latest_state(root, batch_id)
-    gap = _gap_in_units(plan, spec)
-    joiner = StreamingJoin.load(previous) if previous else StreamingJoin(spec.time_column, gap)
     events = events.sort_by(
         [("stream", "ascending"), ("segment", "ascending"), ("offset", "ascending")]
     )
-    parts = []
-    sides: tuple[tuple[Side, SeriesSource], ...] = (("left", spec.left), ("right", spec.right))
-    for side, source in sides:
-        out = joiner.push(side, _series_rows(plan, source.select(events), spec.time_column))
-        if out is not None:
-            parts.append(out)
-    rows = pa.concat_tables(parts) if parts else None
-    if rows is not None:
+
+    def step(joiner: StreamingJoin) -> int:
+        parts = []
+        sides: tuple[tuple[Side, SeriesSource], ...] = (("left", spec.left), ("right", spec.right))
+        for side, source in sides:
+            out = joiner.push(side, _series_rows(plan, source.select(events), spec.time_column))
+            if out is not None:
+                parts.append(out)
+        if not parts:
+            return 0
+        rows = pa.concat_tables(parts)
         _publish(spec.output, batch_id, rows)
-    with durable.atomic_path(_state_dir(root, batch_id)) as staging:
-        joiner.save(staging)
-    for old in sorted(root.glob("state-*"))[:-2]:
-        shutil.rmtree(old)
-    return rows.num_rows if rows is not None else 0
+        return rows.num_rows
+
+    gap = _gap_in_units(plan, spec)
+    states = BatchStates(
+        root,
+        fresh=lambda: StreamingJoin(spec.time_column, gap),
+        load=StreamingJoin.load,
+        save=lambda joiner, path: joiner.save(path),
+    )
+    # A batch done before a crash has its part file published already.
+    return states.run(batch_id, step) or 0
 
 
 def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
@@ -156,22 +159,20 @@ def join_streams(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the join job (see the module doc) until caught up or stopped."""
-    from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-    from pipeline.jobs.runner import JobSummary, await_query, source_frame, with_trigger
-
     sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
         spec.right.routing_key
     )
     identity = JobIdentity("join", f"{spec.store}#{sources}", str(spec.output.absolute()))
     root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
+
+    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
+        process = _foreach(spec, checkpoint.root / "join")
+        return events.writeStream.foreachBatch(process).queryName(f"join {sources}")
+
     with Checkpoint(root, identity) as checkpoint:
         streams = dict.fromkeys([spec.left.stream, spec.right.stream])
-        frames = [source_frame(spark, spec.store, stream, run) for stream in streams]
-        frame = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
-        writer = frame.writeStream.foreachBatch(_foreach(spec, checkpoint.root / "join"))
-        writer = with_trigger(writer, run).option("checkpointLocation", str(checkpoint.spark_dir))
-        query = writer.queryName(f"join {sources}").start()
-        batches = await_query("join", query, run, report)
+        inputs = [JobSource(spec.store, stream) for stream in streams]
+        batches = run_query(spark, checkpoint, *inputs, run=run, sink=sink, report=report)
         return JobSummary("join", str(checkpoint.root), batches, {"output": str(spec.output)})
 
 

@@ -10,6 +10,7 @@ Delivery: exactly-once slices (the bookmark job's state is saved per batch and s
 deterministic, so a re-run batch re-records nothing).
 """
 
+import shlex
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,18 +67,10 @@ def bookmark_spec(family: StreamFamily, cloud_uri: str) -> BookmarkSpec:
     )
 
 
-def bookmark_service_command(spec: BookmarkSpec, table: BookmarkTable) -> str:
-    import shlex
-
-    args = ["sluice", "--store", spec.store, "run", "bookmark", "--stream", spec.stream]
-    args += ["--schema", spec.schema, "--sensor-by", spec.sensor_by]
-    args += [a for text in table.below for a in ("--below", text)]
-    args += [a for text in table.above for a in ("--above", text)]
-    if table.burst_mbps is not None:
-        args += ["--burst-mbps", f"{table.burst_mbps:g}"]
-    args += [a for name in table.predicate for a in ("--predicate", name)]
-    args += ["--slices-stream", spec.slices_stream, "--continuous"]
-    return shlex.join(args)
+def bookmark_service_command(spec: BookmarkSpec) -> str:
+    """The `sluice run bookmark … --continuous` command of the service that shares the
+    checkpoint."""
+    return shlex.join(spec.command_line())
 
 
 def slices_table(records: list[SliceRecord]) -> dg.MetadataValue:
@@ -94,7 +87,7 @@ def slices_asset(family: StreamFamily, cloud_uri: str) -> dg.AssetsDefinition:
     assert family.bookmark is not None
     spec, key = bookmark_spec(family, cloud_uri), slices_key(family)
     checkpoint = default_checkpoint("bookmark", spec.stream, spec.slices_stream)
-    service = bookmark_service_command(spec, family.bookmark)
+    service = bookmark_service_command(spec)
 
     @dg.asset(
         key=key,

@@ -100,20 +100,9 @@ class FamilyJobs:
         return default_checkpoint("export", self.export.stream, str(self.export.output))
 
 
-def service_command(jobs: FamilyJobs, job: str) -> str:
+def service_command(spec: MirrorSpec | ExportSpec) -> str:
     """The `sluice run … --continuous` command of the service that shares the checkpoint."""
-    if job == "mirror":
-        spec = jobs.mirror
-        args = ["sluice", "--store", spec.store, "run", "mirror", "--stream", spec.stream]
-        args += ["--to", spec.to, "--to-store", spec.to_store]
-        if spec.fixed_routing_key:
-            args += ["--fixed-routing-key", spec.fixed_routing_key]
-    else:
-        spec = jobs.export
-        args = ["sluice", "--store", spec.store, "run", "export", "--stream", spec.stream]
-        args += ["--schema", spec.schema, "--output", str(spec.output)]
-        args += ["--format", ",".join(spec.formats)]
-    return shlex.join([*args, "--continuous"])
+    return shlex.join(spec.command_line())
 
 
 # --- running a job and describing what it did -------------------------------------------
@@ -201,7 +190,7 @@ def data_version(metadata: dict[str, Any]) -> dg.DataVersion | None:
 def mirror_asset(family: StreamFamily, jobs: FamilyJobs) -> dg.AssetsDefinition:
     """`<family>/cloud_mirror`: the edge stream mirrored into the cloud store, exactly once."""
     key, checkpoint = mirror_key(family), jobs.checkpoint("mirror")
-    service = service_command(jobs, "mirror")
+    service = service_command(jobs.mirror)
 
     @dg.asset(
         key=key,
@@ -288,7 +277,7 @@ def export_metadata(
 def export_assets(family: StreamFamily, jobs: FamilyJobs) -> dg.AssetsDefinition:
     """`<family>/<format>_export`: the mirror flattened into hive-partitioned files."""
     checkpoint, output = jobs.checkpoint("export"), jobs.export.output
-    service = service_command(jobs, "export")
+    service = service_command(jobs.export)
     specs = [
         dg.AssetSpec(
             key=export_key(family, fmt),

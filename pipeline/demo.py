@@ -315,7 +315,7 @@ FROM rates GROUP BY Interface ORDER BY Interface
 
 def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoPlan) -> None:
     from pipeline.analytics.catalog import AnalyticsPaths, query
-    from pipeline.analytics.table import render
+    from pipeline.cli.table import render
 
     paths = AnalyticsPaths(settings.home, settings.analytics_database)
     runs = dagster["runs"]

@@ -46,12 +46,15 @@ import pyarrow as pa
 from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
 from pipeline.jobs.runner import (
+    SERVICE,
     BatchReport,
     BatchStates,
     JobSource,
     JobSummary,
     RunOptions,
+    flag_number,
     run_query,
+    sluice_run,
 )
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, record_slices
 from pipeline.streams import StreamCut, open_store, parse_stream
@@ -65,7 +68,10 @@ if TYPE_CHECKING:
     from pipeline.streams import StreamStore
 
 STATE_VERSION = 1
+DEFAULT_NAME = "bookmark"
 Kind = Literal["below", "above", "burst", "predicate"]
+#: the order conditions take in a spec (and on the command line)
+KINDS: tuple[Kind, ...] = ("below", "above", "burst", "predicate")
 
 
 class BookmarkError(SluiceError, ValueError):
@@ -93,6 +99,14 @@ class Condition:
         if self.kind == "burst":
             return f"NIC rate above {self.value:g} Mbit/s"
         return f"predicate {self.predicate}"
+
+    def flags(self) -> list[str]:
+        """The `sluice run bookmark` flag that gives this condition."""
+        if self.kind in ("below", "above"):
+            return [f"--{self.kind}", f"{self.field}={flag_number(self.value)}"]
+        if self.kind == "burst":
+            return ["--burst-mbps", flag_number(self.value)]
+        return ["--predicate", self.predicate]
 
 
 def threshold(kind: Literal["below", "above"], text: str) -> Condition:
@@ -156,23 +170,47 @@ class BookmarkState:
 
 @dataclass(frozen=True, slots=True)
 class BookmarkSpec:
+    """What to watch, for which conditions, per what sensor; `name` goes into each slice's
+    `created_by`. Conditions are kept in `KINDS` order, so a spec and its command line
+    give the same `reason` and so the same slice ids."""
+
     stream: str
     schema: str
     store: str
     conditions: tuple[Condition, ...]
     sensor_by: str = "routing_key"
     slices_stream: str = DEFAULT_SLICES_STREAM
-    name: str = "bookmark"
+    name: str = DEFAULT_NAME
+
+    def __post_init__(self) -> None:
+        ordered = sorted(self.conditions, key=lambda c: KINDS.index(c.kind))
+        object.__setattr__(self, "conditions", tuple(ordered))
 
     @property
     def reason(self) -> str:
         return " or ".join(c.describe() for c in self.conditions)
 
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run bookmark …` argv that runs exactly this spec."""
+        if sum(c.kind == "burst" for c in self.conditions) > 1:
+            msg = "--burst-mbps"
+            raise BookmarkError(msg, "the command line takes one burst condition")
+        flags = ["--stream", self.stream, "--schema", self.schema, "--sensor-by", self.sensor_by]
+        flags += [flag for c in self.conditions for flag in c.flags()]
+        flags += ["--slices-stream", self.slices_stream]
+        if self.name != DEFAULT_NAME:
+            flags += ["--name", self.name]
+        return sluice_run(self.store, "bookmark", flags, run)
+
 
 def check_conditions(spec: BookmarkSpec) -> None:
+    """Refuse a spec without conditions, or whose predicates name no function."""
     if not spec.conditions:
         reason = "give a condition: --below, --above, --burst-mbps or --predicate"
         raise BookmarkError(spec.stream, reason)
+    for c in spec.conditions:
+        if c.kind == "predicate":
+            _predicate(c.predicate)
 
 
 # --- one batch ------------------------------------------------------------------------------
@@ -363,56 +401,3 @@ def bookmark(
         batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
         outputs = {"slices_stream": spec.slices_stream, "reason": spec.reason}
         return JobSummary("bookmark", str(checkpoint.root), batches, outputs)
-
-
-# --- `sluice run bookmark` ------------------------------------------------------------------
-
-
-def register_run(jobs: Any, common: Any) -> None:
-    p = jobs.add_parser("bookmark", parents=[common], help="record slices where a condition holds")
-    p.add_argument("--stream", required=True, help="SCOPE/STREAM to watch")
-    p.add_argument("--schema", required=True, help="Avro schema (bundled name or .avsc)")
-    p.add_argument(
-        "--sensor-by",
-        default="routing_key",
-        help="routing_key, or columns naming a sensor, e.g. RemoteAddr,Interface",
-    )
-    p.add_argument("--below", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--above", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--burst-mbps", type=float, help="NIC rx or tx rate above this")
-    p.add_argument("--predicate", action="append", default=[], metavar="MODULE:FUNCTION")
-    p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
-    p.set_defaults(func=_run_bookmark)
-
-
-def spec_from_args(args: Any, store: str) -> BookmarkSpec:
-    conditions = [threshold("below", t) for t in args.below]
-    conditions += [threshold("above", t) for t in args.above]
-    if args.burst_mbps is not None:
-        conditions.append(Condition("burst", value=args.burst_mbps))
-    conditions += [Condition("predicate", predicate=p) for p in args.predicate]
-    for c in conditions:
-        if c.kind == "predicate":
-            _predicate(c.predicate)  # refuse a bad name before Spark starts
-    return BookmarkSpec(
-        args.stream, args.schema, store, tuple(conditions), args.sensor_by, args.slices_stream
-    )
-
-
-def _run_bookmark(args: Any) -> int:
-    from pipeline.jobs.commands import (
-        check_stream,
-        job_session,
-        print_report,
-        print_summary,
-        run_options,
-        store_uri,
-    )
-    from pipeline.schemas import flatten_plan
-
-    store = store_uri(args)
-    spec = spec_from_args(args, store)
-    check_conditions(spec)
-    flatten_plan(spec.schema)
-    check_stream(store, spec.stream)
-    return print_summary(bookmark(job_session(), spec, run_options(args), report=print_report))

@@ -19,18 +19,37 @@ from datetime import UTC
 from typing import TYPE_CHECKING, TextIO
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.runner import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+    sluice_run,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter
 
+MAX_CHARS = 200
+
 
 @dataclass(frozen=True, slots=True)
 class ConsoleSpec:
+    """Which stream to print, and how much of each payload."""
+
     stream: str
     store: str
-    max_chars: int = 200
+    max_chars: int = MAX_CHARS
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run console …` argv that runs exactly this spec."""
+        flags = ["--stream", self.stream]
+        if self.max_chars != MAX_CHARS:
+            flags += ["--max-chars", str(self.max_chars)]
+        return sluice_run(self.store, "console", flags, run)
 
 
 def format_event(row: dict, max_chars: int) -> str:

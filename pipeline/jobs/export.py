@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.runner import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+    sluice_run,
+)
 from pipeline.schemas import flatten_plan
 
 if TYPE_CHECKING:
@@ -36,6 +44,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter
 
 DEFAULT_FORMATS = ("parquet", "csv")
+MAX_ROWS_PER_FILE = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +56,18 @@ class ExportSpec:
     output: Path
     store: str
     formats: tuple[str, ...] = DEFAULT_FORMATS
-    max_rows_per_file: int = 1_000_000
+    max_rows_per_file: int = MAX_ROWS_PER_FILE
     time_field: str | None = None
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run export …` argv that runs exactly this spec."""
+        flags = ["--stream", self.stream, "--schema", self.schema, "--output", str(self.output)]
+        flags += ["--format", ",".join(self.formats)]
+        if self.max_rows_per_file != MAX_ROWS_PER_FILE:
+            flags += ["--max-rows-per-file", str(self.max_rows_per_file)]
+        if self.time_field is not None:
+            flags += ["--time-field", self.time_field]
+        return sluice_run(self.store, "export", flags, run)
 
 
 def export(

@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.runner import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+    sluice_run,
+)
 from pipeline.streams import open_store
 
 if TYPE_CHECKING:
@@ -47,6 +55,15 @@ class MirrorSpec:
     to_store: str
     fixed_routing_key: str | None = None
     commit_mode: CommitMode = "auto"
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run mirror …` argv that runs exactly this spec."""
+        flags = ["--stream", self.stream, "--to", self.to, "--to-store", self.to_store]
+        if self.fixed_routing_key is not None:
+            flags += ["--fixed-routing-key", self.fixed_routing_key]
+        if self.commit_mode != "auto":
+            flags += ["--commit-mode", self.commit_mode]
+        return sluice_run(self.store, "mirror", flags, run)
 
 
 def ensure_target(spec: MirrorSpec) -> None:

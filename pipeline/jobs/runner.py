@@ -55,8 +55,38 @@ class RunOptions:
     max_events: int | None = None
     max_bytes: int | None = None
     checkpoint: Path | None = None
-    #: continuous mode only: stop after this long (for tests and scheduled runs)
+    #: continuous mode only: stop after this long (for tests and scheduled runs; no flag)
     stop_after_seconds: float | None = None
+
+    def flags(self) -> list[str]:
+        """The `sluice run` flags that ask for these options (none for a default)."""
+        default, flags = RunOptions(), []
+        if self.mode != default.mode:
+            flags.append(f"--{self.mode}")
+        if self.trigger_seconds != default.trigger_seconds:
+            flags += ["--trigger", f"{flag_number(self.trigger_seconds)}s"]
+        if self.starting != default.starting:
+            flags += ["--from", self.starting]
+        for flag, value in (("--max-events", self.max_events), ("--max-bytes", self.max_bytes)):
+            if value is not None:
+                flags += [flag, str(value)]
+        if self.checkpoint is not None:
+            flags += ["--checkpoint", str(self.checkpoint)]
+        return flags
+
+
+#: How a job runs as a service: continuously, from its checkpoint.
+SERVICE = RunOptions(mode="continuous")
+
+
+def flag_number(value: float) -> str:
+    """A number as a command-line value that parses back to the same float (`50`, `0.25`)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def sluice_run(store: str, job: str, job_flags: list[str], run: RunOptions) -> list[str]:
+    """The argv of `sluice --store STORE run JOB …`: a spec's flags, then the run's."""
+    return ["sluice", "--store", store, "run", job, *job_flags, *run.flags()]
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -33,12 +33,15 @@ import pyarrow.compute as pc
 from pipeline import durable
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
 from pipeline.jobs.runner import (
+    SERVICE,
     BatchReport,
     BatchStates,
     JobSource,
     JobSummary,
     RunOptions,
+    flag_number,
     run_query,
+    sluice_run,
 )
 from pipeline.timejoin import JoinInputError, Side, StreamingJoin
 
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from pipeline.schemas import FlattenPlan
 
 NS = 1_000_000_000
+TIME_COLUMN = "TimestampNanos"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,11 @@ class SeriesSource:
         stream, _, key = text.partition("#")
         return cls(stream, key or None)
 
+    @property
+    def text(self) -> str:
+        """`STREAM#KEY` (or `STREAM`), as `parse` reads it."""
+        return self.stream if self.routing_key is None else f"{self.stream}#{self.routing_key}"
+
     def select(self, events: pa.Table) -> pa.Table:
         mask = pc.equal(events["stream"], self.stream)
         if self.routing_key is not None:
@@ -72,13 +81,28 @@ class SeriesSource:
 
 @dataclass(frozen=True, slots=True)
 class StreamJoinSpec:
+    """The two series, their schema, and the directory of Parquet parts (made absolute)."""
+
     left: SeriesSource
     right: SeriesSource
     schema: str
     store: str
     output: Path
-    time_column: str = "TimestampNanos"
+    time_column: str = TIME_COLUMN
     max_gap_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output", Path(self.output).absolute())
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run join …` argv that runs exactly this spec."""
+        flags = ["--left", self.left.text, "--right", self.right.text, "--schema", self.schema]
+        if self.time_column != TIME_COLUMN:
+            flags += ["--time-column", self.time_column]
+        if self.max_gap_seconds is not None:
+            flags += ["--max-gap", flag_number(self.max_gap_seconds)]
+        flags += ["--output", str(self.output)]
+        return sluice_run(self.store, "join", flags, run)
 
 
 def _gap_in_units(plan: FlattenPlan, spec: StreamJoinSpec) -> float | None:
@@ -162,7 +186,7 @@ def join_streams(
     sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
         spec.right.routing_key
     )
-    identity = JobIdentity("join", f"{spec.store}#{sources}", str(spec.output.absolute()))
+    identity = JobIdentity("join", f"{spec.store}#{sources}", str(spec.output))
     root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
 
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
@@ -174,39 +198,3 @@ def join_streams(
         inputs = [JobSource(spec.store, stream) for stream in streams]
         batches = run_query(spark, checkpoint, *inputs, run=run, sink=sink, report=report)
         return JobSummary("join", str(checkpoint.root), batches, {"output": str(spec.output)})
-
-
-def register_run(jobs: Any, common: Any) -> None:
-    p = jobs.add_parser("join", parents=[common], help="time-series join of two streams")
-    p.add_argument("--left", required=True, metavar="SCOPE/STREAM[#KEY]")
-    p.add_argument("--right", required=True, metavar="SCOPE/STREAM[#KEY]")
-    p.add_argument("--schema", required=True, help="Avro schema of both sides")
-    p.add_argument("--time-column", default="TimestampNanos")
-    p.add_argument("--max-gap", type=float, metavar="SECONDS")
-    p.add_argument("--output", required=True, type=Path, help="directory of Parquet parts")
-    p.set_defaults(func=_run_join)
-
-
-def _run_join(args: Any) -> int:
-    from pipeline.jobs.commands import (
-        check_stream,
-        job_session,
-        print_report,
-        print_summary,
-        run_options,
-        store_uri,
-    )
-
-    store = store_uri(args)
-    spec = StreamJoinSpec(
-        SeriesSource.parse(args.left),
-        SeriesSource.parse(args.right),
-        args.schema,
-        store,
-        args.output.absolute(),
-        args.time_column,
-        args.max_gap,
-    )
-    for stream in {spec.left.stream, spec.right.stream}:
-        check_stream(store, stream)
-    return print_summary(join_streams(job_session(), spec, run_options(args), report=print_report))

@@ -3,32 +3,10 @@
     sluice run bookmark --stream examples/network --schema NetworkSamples \\
         --sensor-by RemoteAddr,Interface --burst-mbps 50 --available-now
 
-Per sensor (its routing key, or flattened columns such as `RemoteAddr,Interface`), a *run* is
-a maximal sequence of that sensor's consecutive events in which at least one sample meets a
-condition; the first later event of the sensor with no such sample closes the run and records
-one slice (seed 004: "stream slices where events for a sensor are < 0"). Conditions (any of):
-
-- `--below FIELD=VALUE` / `--above FIELD=VALUE`: a sample's value strictly below / above;
-- `--burst-mbps N`: the NIC's rx or tx rate since its previous sample above N Mbit/s (the
-  previous sample may be in an earlier event or batch: it is kept in the job's state);
-- `--predicate module:function`: `function(frame) -> booleans`, one per row of a pandas
-  DataFrame holding the flattened rows of a batch (with `_routing_key` and `_time_ns`).
-
-Cuts are as tight as event boundaries allow: in each segment holding the run, the start cut
-is the first event of interest's `offset` and the end cut the last one's `end_offset`; every
-other segment gets an empty range (start = end = that segment's head when the run closed).
-The slice's time bounds are the first and last matching sample's event time. The reference
-(a Flink checkpoint's cut) is a superset; this is the exact set of events of interest plus
-the sensor's events between them.
-
-How it runs: Spark's `sluice` streaming source (cuts as offsets, admission control, the
-checkpoint) feeds `foreachBatch`; each batch is processed on the driver in stream order,
-because a run is sequential per sensor. Delivery: **exactly-once slices**. The per-sensor
-state is saved after each batch under the batch id, next to Spark's checkpoint; a batch
-Spark re-runs after a crash starts from the state of the batch before it, and `slice_id`s are
-deterministic, so re-recording a slice is a no-op (`record_slices` skips known ids).
-A run still open when the job stops stays open in the state until the sensor's next event.
-"""
+Bookmarking and slicing as in Pravega's StreamCuts sample: per sensor, a run of consecutive
+events meeting a condition (`--below`, `--above`, `--burst-mbps`, `--predicate`) becomes one
+slice with cuts as tight as event boundaries allow. Delivery: **exactly-once slices** (state
+saved per batch, deterministic slice ids). Conditions, cuts, state: `DESIGN.md`, "bookmark"."""
 
 from __future__ import annotations
 

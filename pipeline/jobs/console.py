@@ -1,14 +1,12 @@
 """The console job: print a stream's events, human-readably, from head or tail, following.
 
-One line per event, in stream order within each batch:
-
     2026-11-22T04:13:57.210Z  examples/network  0@1024  key=site-1  {"TimestampNanos":[…
 
-The payload is shown as UTF-8 text cut to `max_chars` (with its full size); a payload that is
-not UTF-8 is shown as hex. Delivery: **at-least-once** — each batch is printed from the
-driver once it is read, and a batch Spark re-runs after a crash is printed again (printing is
-not transactional); with a checkpoint, a later run resumes after the last batch printed.
-"""
+One line per event, in stream order within each batch; the payload as UTF-8 text cut to
+`max_chars` (with its full size), or hex when it is not UTF-8. Delivery: **at-least-once** —
+each batch is printed from the driver once it is read, and a batch Spark re-runs after a
+crash is printed again (printing is not transactional); with a checkpoint, a later run
+resumes after the last batch printed."""
 
 from __future__ import annotations
 

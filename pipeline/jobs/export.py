@@ -3,22 +3,10 @@
     summary = export(spark, ExportSpec("examples/network", "NetworkSamples", Path("out"),
                                        store="embedded:/edge"), RunOptions())
 
-Each trigger (10 s by default, as the reference tool) publishes a new set of files, capped at
-`max_rows_per_file` rows each, hive-partitioned by the rows' event time (`date=`/`hour=`,
-UTC); every row carries `_segment`, `_offset`, `_sample`; malformed events go to the
-`_quarantine` Parquet table with their raw payload, position and reason. The file layout and
-how a batch is published are in `pipeline/spark/export_layout.py`
-and `export_sink.py`.
-
-Query the result with DuckDB:
-
-    SELECT * FROM read_parquet('out/parquet/date=*/hour=*/*.parquet', hive_partitioning=true)
-
-Delivery: **exactly-once** files. The source replays a batch over the same cuts; the sink
-stages complete files, records the batch in the ledger next to the checkpoint and publishes
-by atomic rename, so a DuckDB query at any moment — during a crash included — sees every
-sample exactly once or not yet.
-"""
+Each batch publishes files hive-partitioned by event time, with lineage columns `_segment`,
+`_offset`, `_sample`; malformed events go to `_quarantine` with their reason. Delivery:
+**exactly-once** files (staged, recorded in the ledger, published by atomic rename), so DuckDB
+sees every sample once or not yet. More: `DESIGN.md`, "export"."""
 
 from __future__ import annotations
 

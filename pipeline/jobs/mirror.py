@@ -4,21 +4,9 @@
                                        store="embedded:/edge", to_store="embedded:/cloud",
                                        fixed_routing_key="site-1"), RunOptions())
 
-The target may be in another scope, another embedded store or a Pravega cluster. Events keep
-their routing keys, or all take `fixed_routing_key` (one key per edge site, so one site's
-events stay in order in a cloud stream shared by many sites).
-
-Delivery: **exactly-once**. The `sluice` source replays a batch over the same cuts, and the
-`sluice` sink commits a batch's store transactions with the batch id recorded in the ledger
-next to the checkpoint, so a batch Spark re-runs after a crash is committed once
-(`pipeline/spark/writing.py`). Per-key order holds because a key lives in one source
-segment and the sink commits each batch's ranges in (segment, offset) order.
-
-`commit_mode` says who writes into the target: `tasks` (each task copies its ranges into its
-own transaction; the target must be able to flush one, as the embedded store can), `driver`
-(the driver copies the whole batch into one transaction: for Pravega, whose client cannot
-flush, and for a target that only the driver can reach), or `auto` (by the target's features).
-"""
+The target may be in another scope, store or a Pravega cluster; `fixed_routing_key` gives all
+events one key (one per edge site). Delivery: **exactly-once** (the `sluice` sink commits a
+batch once, by the ledger); per-key order kept. `commit_mode`: `DESIGN.md`, "mirror"."""
 
 from __future__ import annotations
 

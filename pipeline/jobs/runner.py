@@ -1,15 +1,10 @@
 """Running a streaming job: triggers, the `sluice` source, per-batch reports, the summary.
 
-Every streaming job (mirror, export, console, and any job added later) runs the same way:
-
-- `--available-now`: process everything up to the tail as it is at start, in batches sized
-  by admission control, then stop; `--continuous`: a batch every trigger interval, until
-  stopped (Ctrl-C stops the query cleanly after the batch in flight);
-- on the first start the source begins at `--from` (`head`, `tail` or a cut); later starts
-  resume from the checkpoint and ignore `--from`;
-- after each batch one `BatchReport` (cut range, events, rows, quarantined, lag) goes to the
-  `report` callback; the returned `JobSummary` adds them up.
-"""
+Every streaming job runs through `run_query` on its checkpoint: until caught up
+(`--available-now`) or continuously, from `--from` on its first start and from the
+checkpoint after, with one `BatchReport` per batch. A `foreachBatch` job keeps its state
+between batches with `BatchStates`. A job's spec gives its own command line through
+`sluice_run` and `RunOptions.flags()`. The shape of a job: `DESIGN.md`."""
 
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
-"""`sluice run join`: the time-series join over streams, continuously or until caught up.
+"""The streaming join job (`sluice run join`): two series from streams, joined as they arrive.
 
     sluice run join --left examples/machine#r --right examples/machine#s \\
         --schema NetworkSamples --time-column TimestampNanos --output out/ --available-now
 
-Each side is a stream, optionally narrowed to one routing key (`STREAM#KEY`; seed 003's
-"each quantity has a dedicated message key"), flattened through an Avro schema. Both sides
-come from Spark's `sluice` streaming source (one query, cuts as offsets, admission control,
-the checkpoint); each micro-batch is fed to a `StreamingJoin` on the driver, which emits the
-pairs that became final. A side must arrive in time order across batches (one routing key
-per side keeps it so); a side that goes back in time stops the job with `SeriesOutOfOrder`.
-Pairs completing after the earlier of the two sides' latest times are not final yet: they
-stay in the joiner's state until later events arrive.
-
-Delivery: **exactly-once pairs**. Batch N writes `part-<N>.parquet` (staged, then renamed)
-and then saves the joiner's state under N in the checkpoint; a batch Spark re-runs after a
-crash starts from the state of batch N-1 and writes the same file with the same rows.
-Concatenating the parts in batch order gives exactly `join_tables` of the two sides, up to
-the pairs not yet final.
-"""
+Each side is a stream, optionally one routing key of it, flattened through an Avro schema and
+fed batch by batch to a `StreamingJoin` (`pipeline/timejoin.py`). Delivery: **exactly-once
+pairs** (batch N writes `part-<N>.parquet`, then saves the joiner's state under N). Order
+requirements and what is final when: `DESIGN.md`, "the streaming join"."""
 
 from __future__ import annotations
 

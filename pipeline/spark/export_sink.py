@@ -5,7 +5,8 @@ them (`export_layout.py`). The driver's `commit(messages, batchId)` names them, 
 list in the batch ledger (`ledger.py`) and publishes each by `rename`, then marks the batch
 done. Exactly-once files: DuckDB never sees a partial file (rename is atomic); a batch re-run
 after a driver crash finds its ledger record and finishes the same renames; a batch already
-done publishes nothing. A batch's files appear one rename after the other, not all at once.
+done publishes nothing. A batch's files appear one rename after the other, not all at once
+(`DESIGN.md`, "The export sink").
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The `sluice` and `sluice-export` Spark data sources (PySpark Python Data Source API, 4.2+).
 
-    spark.read.format("sluice").option("stream", "examples/network").load()
-    spark.readStream.format("sluice").option("stream", "examples/network")
-        .option("maxEventsPerTrigger", 1000).load()
+    spark.readStream.format("sluice").option("stream", "examples/network").load()
     df.writeStream.format("sluice").option("stream", "cloud/network")
         .option("checkpointLocation", ck).start()
-    df.writeStream.format("sluice-export").option("schema", "NetworkSamples")
-        .option("output", out).option("checkpointLocation", ck).start()
 
-Options of `sluice` reads: `store` (URI; default the configured store), `stream`,
-`startingCut` (`head` | `tail` | a cut; default head), `endingCut` (a cut or `tail`),
-`maxEventsPerTrigger`, `maxBytesPerTrigger`, `minPartitions` (default 2), `minSplitBytes`,
-`emit` (`events`, or `ranges`: one row per segment range for a sink that reads the store).
-Writes: `store`, `stream`, `routingKey` (fixed key), `state` (ledger file; default next to the
-checkpoint), `batchId` (batch writes), `createSegments` (create the stream if missing), `commitMode`
-(`auto`, `tasks` or `driver`: who writes the transactions).
-Delivery guarantees are stated in `reading.py`, `writing.py` and `export_sink.py`.
-"""
+The options of each are listed in `DESIGN.md`, "Options"; the delivery guarantees are stated
+in `reading.py`, `writing.py` and `export_sink.py`."""
 
 from __future__ import annotations
 

@@ -6,10 +6,8 @@ need no escaping in a URL, a file name, a log line or a TOML string:
 
     v1~examples~network~0-1024~1-0
 
-that is `v1`, the scope, the stream, then `segment-offset` for each segment in ascending
-segment order. Scope and stream names never contain `~` (see `names.py`), so the form is
-unambiguous. Version 1 is the only version; a reader of a future version refuses an unknown one.
-"""
+that is `v1`, the scope, the stream, then `segment-offset` per segment in ascending order.
+Names never contain `~` (`names.py`); a reader refuses a version it does not know."""
 
 from __future__ import annotations
 

@@ -25,10 +25,9 @@ from pipeline.errors import SluiceError
 from pipeline.jobs.bookmark import (
     DEFAULT_NAME,
     BookmarkSpec,
-    Condition,
     bookmark,
     check_conditions,
-    threshold,
+    conditions_of,
 )
 from pipeline.jobs.console import MAX_CHARS, ConsoleSpec, console
 from pipeline.jobs.export import DEFAULT_FORMATS, MAX_ROWS_PER_FILE, ExportSpec, export
@@ -297,16 +296,12 @@ def _add_bookmark(jobs: argparse._SubParsersAction, common: argparse.ArgumentPar
 
 
 def bookmark_spec(args: argparse.Namespace) -> BookmarkSpec:
-    conditions = [threshold("below", t) for t in args.below]
-    conditions += [threshold("above", t) for t in args.above]
-    if args.burst_mbps is not None:
-        conditions.append(Condition("burst", value=args.burst_mbps))
-    conditions += [Condition("predicate", predicate=p) for p in args.predicate]
+    conditions = conditions_of(args.below, args.above, args.burst_mbps, args.predicate)
     return BookmarkSpec(
         args.stream,
         args.schema,
         store_uri(args),
-        tuple(conditions),
+        conditions,
         args.sensor_by,
         args.slices_stream,
         args.name,

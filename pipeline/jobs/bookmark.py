@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -98,6 +98,21 @@ def threshold(kind: Literal["below", "above"], text: str) -> Condition:
         msg = f"--{kind} {text!r}"
         raise BookmarkError(msg, "expected FIELD=NUMBER, e.g. value=0")
     return Condition(kind, field=name.strip(), value=number)
+
+
+def conditions_of(
+    below: Iterable[str] = (),
+    above: Iterable[str] = (),
+    burst_mbps: float | None = None,
+    predicates: Iterable[str] = (),
+) -> tuple[Condition, ...]:
+    """Conditions from their text forms: `FIELD=VALUE` thresholds, a NIC rate, predicates."""
+    found = [threshold("below", text) for text in below]
+    found += [threshold("above", text) for text in above]
+    if burst_mbps is not None:
+        found.append(Condition("burst", value=burst_mbps))
+    found += [Condition("predicate", predicate=name) for name in predicates]
+    return tuple(found)
 
 
 def _predicate(spec: str) -> Callable[[pd.DataFrame], Any]:

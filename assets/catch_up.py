@@ -31,12 +31,17 @@ from assets.keys import (
     mirror_key,
     pool,
 )
-from assets.progress import BatchTotals, CheckpointProgress, ledger_totals
-from assets.progress import committed_progress as read_progress
-from pipeline.jobs.checkpoint import CheckpointInUse, default_checkpoint
+from pipeline.jobs.checkpoint import (
+    BatchTotals,
+    CheckpointInUse,
+    CheckpointProgress,
+    default_checkpoint,
+    ledger_totals,
+)
+from pipeline.jobs.checkpoint import committed_progress as read_progress
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.mirror import MirrorSpec, mirror
-from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
+from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamCut, StreamStore
 from resources.spark import SparkResource
@@ -87,20 +92,9 @@ class FamilyJobs:
         return default_checkpoint("export", self.export.stream, str(self.export.output))
 
 
-def service_command(jobs: FamilyJobs, job: str) -> str:
+def service_command(spec: MirrorSpec | ExportSpec) -> str:
     """The `sluice run … --continuous` command of the service that shares the checkpoint."""
-    if job == "mirror":
-        spec = jobs.mirror
-        args = ["sluice", "--store", spec.store, "run", "mirror", "--stream", spec.stream]
-        args += ["--to", spec.to, "--to-store", spec.to_store]
-        if spec.fixed_routing_key:
-            args += ["--fixed-routing-key", spec.fixed_routing_key]
-    else:
-        spec = jobs.export
-        args = ["sluice", "--store", spec.store, "run", "export", "--stream", spec.stream]
-        args += ["--schema", spec.schema, "--output", str(spec.output)]
-        args += ["--format", ",".join(spec.formats)]
-    return shlex.join([*args, "--continuous"])
+    return shlex.join(spec.command_line())
 
 
 # --- running a job and describing what it did -------------------------------------------
@@ -282,7 +276,7 @@ def catch_up_asset(step: CatchUpStep[Any]) -> dg.AssetsDefinition:
 
 def mirror_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
     """`<family>/cloud_mirror`: the edge stream mirrored into the cloud store, exactly once."""
-    service = service_command(jobs, "mirror")
+    service = service_command(jobs.mirror)
     description = (
         f"{family.stream} mirrored into {family.mirror_stream} (store "
         f"`{family.mirror_store}`), exactly once. Runs until caught up; or run it as a "
@@ -373,7 +367,7 @@ def export_metadata(outcome: StepOutcome, output: Path, fmt: ExportFormat) -> di
 
 def export_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
     """`<family>/<format>_export`: the mirror flattened into hive-partitioned files."""
-    output, service = jobs.export.output, service_command(jobs, "export")
+    output, service = jobs.export.output, service_command(jobs.export)
     formats = cast(tuple[ExportFormat, ...], jobs.export.formats)  # settings refuse others
     specs = tuple(
         spark_asset_spec(

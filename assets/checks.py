@@ -18,7 +18,7 @@ import duckdb
 
 from assets.catch_up import FamilyJobs
 from assets.keys import export_checks_op, export_key, mirror_key
-from assets.progress import committed_progress
+from pipeline.jobs.checkpoint import committed_progress
 from pipeline.settings import ChecksTable, StreamFamily
 from resources.stores import StreamStoresResource
 

@@ -1,10 +1,11 @@
 """Long-lived services -> materializations: the progress of `sluice run … --continuous`.
 
 A mirror, export or bookmark service advances the checkpoint the family's catch-up assets
-also use (`assets/catch_up.py`). This sensor reads each checkpoint (`assets/progress.py`) and
-reports the batches committed since the asset's latest materialization as one
-materialization, with the metadata a Dagster run records. It leaves an asset alone while a
-Dagster run of it is unfinished: that run reports its own batches (`last_batch`).
+also use (`assets/catch_up.py`). This sensor reads each checkpoint
+(`pipeline/jobs/checkpoint.py`) and reports the batches committed since the asset's latest
+materialization as one materialization, with the metadata a Dagster run records. It leaves
+an asset alone while a Dagster run of it is unfinished: that run reports its own batches
+(`last_batch`).
 """
 
 import json
@@ -23,9 +24,13 @@ from assets.keys import (
     SERVICE_PROGRESS_SENSOR,
     StreamingJob,
 )
-from assets.progress import batch_end_cut, committed_progress, ledger_totals
 from assets.sensors import UNFINISHED
-from pipeline.jobs.checkpoint import recorded_start
+from pipeline.jobs.checkpoint import (
+    batch_end_cut,
+    committed_progress,
+    ledger_totals,
+    recorded_start,
+)
 from pipeline.streams import StreamCut
 
 

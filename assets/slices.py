@@ -9,6 +9,7 @@ Delivery: exactly-once slices (the bookmark job's state is saved per batch and s
 deterministic, so a re-run batch re-records nothing).
 """
 
+import shlex
 from collections.abc import Iterator
 
 import dagster as dg
@@ -48,18 +49,10 @@ def bookmark_spec(family: StreamFamily) -> BookmarkSpec:
     )
 
 
-def bookmark_service_command(spec: BookmarkSpec, table: BookmarkTable) -> str:
-    import shlex
-
-    args = ["sluice", "--store", spec.store, "run", "bookmark", "--stream", spec.stream]
-    args += ["--schema", spec.schema, "--sensor-by", spec.sensor_by]
-    args += [a for text in table.below for a in ("--below", text)]
-    args += [a for text in table.above for a in ("--above", text)]
-    if table.burst_mbps is not None:
-        args += ["--burst-mbps", f"{table.burst_mbps:g}"]
-    args += [a for name in table.predicate for a in ("--predicate", name)]
-    args += ["--slices-stream", spec.slices_stream, "--continuous"]
-    return shlex.join(args)
+def bookmark_service_command(spec: BookmarkSpec) -> str:
+    """The `sluice run bookmark … --continuous` command of the service that shares the
+    checkpoint."""
+    return shlex.join(spec.command_line())
 
 
 def slices_table(records: list[SliceRecord]) -> dg.MetadataValue:
@@ -75,7 +68,7 @@ def slices_step(family: StreamFamily) -> CatchUpStep[frozenset[str]]:
     """`<family>/slices`: slices bookmarked over the family's cloud mirror."""
     spec = bookmark_spec(family)
     assert family.bookmark is not None  # bookmark_spec refuses a family without one
-    service = bookmark_service_command(spec, family.bookmark)
+    service = bookmark_service_command(spec)
     description = (
         f"Slices of {family.mirror_stream} where {spec.reason} (per sensor: "
         f"{spec.sensor_by}), recorded in {spec.slices_stream}. Each slice is a partition of "

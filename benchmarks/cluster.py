@@ -2,21 +2,11 @@
 
     .venv/bin/python benchmarks/cluster.py [--events 10000] [--samples 1000] [--batches 8]
 
-A master and workers of one core each are started on loopback from pyspark's own scripts
-(pipeline/spark/standalone.py); `sluice run export` runs against the cluster with
-SLUICE_SPARK_MASTER set, as a user would switch a job to a cluster. The same NIC events
-(benchmarks/export.py's generator) are exported with 1 executor (one worker) and then with 2
-(two workers), in `--batches` micro-batches. Two figures per cluster:
-
-- wall time of the whole run, start-up included;
-- steady-state throughput: samples per second over the batches after the first, from the
-  durations the job reports per batch (the first batch of an application also pays for
-  starting the executors' Python workers and Spark's first-job set-up, about 6 s here).
-
-Rows are checked before figures print. On a 2-core machine the second worker competes with
-the driver and the cluster's JVMs for the same two cores: run it where cores are spare to see
-what scaling out buys.
-"""
+A master and one-core workers start on loopback (`pipeline/spark/standalone.py`) and `sluice
+run export` runs against them with SLUICE_SPARK_MASTER set, as a user would switch a job to a
+cluster. Figures: wall time, and steady-state throughput over the batches after the first
+(which also pays for starting the executors). On a machine with few cores the second worker
+competes with the driver for them (`benchmarks/README.md`)."""
 
 from __future__ import annotations
 

@@ -2,25 +2,11 @@
 
     .venv/bin/python benchmarks/export.py [--events 10000] [--samples 1000]
 
-The same events (the NIC collector's JSON: 1000 samples per event by default, 10 million
-samples in all) are turned into one Parquet row per sample, in one run, by:
-
-1. **sluice**: the `sluice` source plans the stream (two segments) into segment ranges
-   (`emit=ranges`, as the export job does) and each `sluice-export` task reads its range
-   from the embedded store, flattens it through NetworkSamples.avsc (msgspec + numpy +
-   pyarrow) and writes staged Parquet files published by rename — the export job's code
-   path, as one batch, with lineage columns and quarantine checks;
-2. **duckdb**: `read_ndjson` of the same events as an NDJSON file, `unnest` of the three
-   arrays, `COPY … (FORMAT parquet, COMPRESSION zstd)`, all cores;
-3. **spark-json**: Spark's own JSON file reader on that NDJSON file, `arrays_zip` + `explode`,
-   Spark's Parquet writer (zstd), in the same Spark session as (1).
-
-Spark runs `local[2]` (this machine has 2 cores, as DuckDB gets). The Spark session is
-started and warmed up (one small export) before timing: start-up is paid once per job, not
-per batch, and is printed separately. The contenders run in `--repeat` rounds (one after
-the other in each round); each one's best time counts. Every output is checked to hold
-exactly events x samples rows before figures print.
-"""
+The same events become one Parquet row per sample by the export job's code path (`sluice`
+source ranges -> `sluice-export` tasks, as one batch), by DuckDB (`read_ndjson`, `unnest`,
+`COPY`) and by Spark's own JSON reader (`arrays_zip` + `explode`), on the same cores; Spark
+is warmed up first, each contender's best of `--repeat` rounds counts, and every output is
+checked to hold events x samples rows first (`benchmarks/README.md`)."""
 
 from __future__ import annotations
 

@@ -2,20 +2,10 @@
 
     .venv/bin/python benchmarks/mirror.py [--events 50000] [--samples 100]
 
-The same stream (NIC events, `--samples` samples each, two segments) is copied from one
-embedded store to another, in one run, by:
-
-1. **sluice mirror**: the mirror job (Spark `local[2]`, `sluice` source -> `sluice` sink):
-   exactly-once — store transactions per task, the batch ledger, commits in source order;
-2. **raw copy**: one Python process reading the source segment by segment and writing the
-   target through store transactions of 10,000 events (the same durability: fsynced
-   commits), no Spark, no ledger, no checkpoint — the ceiling a copy can reach here.
-
-The Spark session is started (and warmed with a small mirror) before timing. The mirror's
-time includes starting and stopping its streaming query (printed separately as the time of a
-run with nothing to copy). Both targets are checked to hold exactly the source's events
-before figures print.
-"""
+The same stream is copied between two embedded stores by the mirror job (Spark `local[2]`,
+exactly-once) and by one plain Python process through store transactions of 10,000 events
+(the same durability, no Spark, no ledger): the ceiling a copy can reach. Both targets are
+checked before figures print. Details: `benchmarks/README.md`."""
 
 from __future__ import annotations
 
@@ -27,7 +17,7 @@ import time
 from pathlib import Path
 
 from pipeline.jobs.mirror import MirrorSpec, mirror
-from pipeline.jobs.streaming import RunOptions
+from pipeline.jobs.runner import RunOptions
 from pipeline.spark.session import SparkSettings, spark_session
 from pipeline.streams import StreamStore, open_store
 

@@ -1,21 +1,11 @@
-"""Replay and analytics at scale: a 10M-sample slice replayed end to end, and the DuckDB
-per-sample rate query over 100M exported samples, each beside a plain peer in the same run.
+"""Replay and analytics at scale, each beside a plain peer in the same run.
 
     .venv/bin/python benchmarks/replay.py [--replay-samples 10000000] [--rate-samples 100000000]
 
-1. Replay. A stream of NIC events (1,000 samples each, the seed's batch size) in the embedded
-   store; one slice covering all of it. Contenders:
-   - `sluice replay`: bounded Spark read (local[2]) of the slice, Avro flatten in executors,
-     filter, the `pipeline.models.nic:throughput` model, results Parquet + metrics + lineage;
-   - peer `json+pandas`: the straightforward script: `store.read` between the same cuts,
-     `json.loads` per event, one pandas DataFrame, the same model, `to_parquet`.
-2. Rates. 100M samples in the export's layout (hive `date=`/`hour=` Parquet, 4 NICs);
-   contenders compute every sample's rx/tx Mbit/s and aggregate them (max, mean per NIC):
-   - `duckdb rates view`: the analytics database's `rates` view (window functions);
-   - peer `pyarrow+numpy`: read the columns, sort per NIC by time, `np.diff`.
-
-Figures: seconds, samples/s, and the ratio peer/sluice (above 1 = Sluice faster).
-"""
+1. a 10M-sample slice replayed end to end with the NIC throughput model (`sluice replay`)
+   beside a plain `store.read` + `json.loads` + pandas script with the same model;
+2. per-sample rx/tx Mbit/s over 100M exported samples: the DuckDB `rates` view beside
+   pyarrow + numpy. Figures: seconds, samples/s, the ratio peer/sluice (`benchmarks/README.md`)."""
 
 from __future__ import annotations
 

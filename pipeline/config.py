@@ -1,8 +1,8 @@
-"""Where Sluice keeps its state, and the settings every part reads.
+"""Where Sluice keeps its state, and where its configuration file is and what it says, raw.
 
-Settings come from one place: `sluice.toml` (in the working directory, or `$SLUICE_CONFIG`)
-overridden by `SLUICE_*` environment variables. They are read when asked for, never at import.
-"""
+The configuration comes from one place: `sluice.toml` (in the working directory, or
+`$SLUICE_CONFIG`) overridden by `SLUICE_*` environment variables, read when asked for, never
+at import. Typed, validated settings are made from it in `pipeline/settings.py`."""
 
 from __future__ import annotations
 

@@ -2,21 +2,12 @@
 
     python -m pipeline.demo [--short] [--seconds N]
 
-1. the collectors of sluice.toml's `[collectors.*]` run as the edge service (`sluice collect`):
-   a NIC collector on the busiest interface of this machine and a generator;
-2. meanwhile Dagster (`python -m assets.demo`, one process, one Spark session) materializes
-   the assets over and over: the edge streams' observations, the cloud mirror, the
-   Parquet/CSV exports and the slices (bookmarks), each run catching up to the tail it finds;
-3. the collectors stop (they drain their buffers first), and Dagster catches up a last time,
-   replays every slice with its model (one dynamic partition per slice) and refreshes the
-   DuckDB views;
-4. the summary: events collected, mirrored, exported; slices; replay metrics; a DuckDB query
-   over the Parquet; where the files and the rate plot are; and `make ui`.
-
-The Dagster steps run in that child process: `pipeline` never imports dagster.
-Everything is written under `$SLUICE_HOME` (default `./.sluice`); Dagster's instance is
-`$SLUICE_HOME/dagster`, which `make ui` opens, so the demo's runs are there to browse.
-"""
+The collectors of sluice.toml run as the edge service (`sluice collect`: a NIC collector on
+the busiest interface and a generator) while Dagster (`python -m assets.demo`, a child
+process: `pipeline` never imports dagster) materializes the assets over and over; then the
+collectors drain and stop, Dagster catches up, replays every slice and refreshes the DuckDB
+views, and the summary prints counts, checks, replay metrics and a query. Everything is
+written under `$SLUICE_HOME`; `make ui` opens the demo's Dagster instance to browse its runs."""
 
 from __future__ import annotations
 
@@ -315,7 +306,7 @@ FROM rates GROUP BY Interface ORDER BY Interface
 
 def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoPlan) -> None:
     from pipeline.analytics.catalog import AnalyticsPaths, query
-    from pipeline.analytics.table import render
+    from pipeline.cli.table import render
 
     paths = AnalyticsPaths(settings.home, settings.analytics_database)
     runs = dagster["runs"]

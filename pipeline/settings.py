@@ -1,19 +1,12 @@
-"""`sluice.toml`, validated once into typed settings: stores, streams, exports, models, checks.
+"""The settings: `sluice.toml` validated once into typed objects (stores, streams, exports,
+models, checks).
 
-The file is read where it is asked for (never at import) and checked with msgspec against the
-frozen structs below: a misspelt key, a wrong type or a reference to an undefined store or
-model is one `SettingsError` that names the key to fix. Paths are relative to the home
-directory (`$SLUICE_HOME`, default `./.sluice`). `SLUICE_*` environment variables override:
-
-- `SLUICE_STORE_<NAME>` the URI of store NAME (`SLUICE_STORE_CLOUD=pravega://host:9090`);
-  a store without `uri` or `embedded` is the default store (`$SLUICE_STORE`, else
-  `embedded:$SLUICE_HOME/streams`), which is where `sluice collect` writes;
-- `SLUICE_CHECKS_<KEY>`, `SLUICE_DAGSTER_<KEY>`, `SLUICE_EXPORTS_<KEY>` a scalar of those
-  tables (`SLUICE_CHECKS_QUARANTINE_RATE_MAX=0.05`).
-
-`[spark]` and `[collectors]` are read by their own parts (`pipeline/spark/session.py`,
-`collectors/config.py`); they are kept here as raw tables so the file is checked as a whole.
-"""
+The configuration file is read where it is asked for (never at import) and checked with
+msgspec against the frozen structs below: a misspelt key, a wrong type or a reference to an
+undefined store or model is one `SettingsError` that names the key to fix. Paths are relative
+to the home directory (`$SLUICE_HOME`, default `./.sluice`); `SLUICE_*` environment variables
+override (`load_settings`). `[spark]` and `[collectors]` are validated by their own parts and
+kept here as raw tables, so that the file is checked as a whole."""
 
 from __future__ import annotations
 
@@ -144,7 +137,7 @@ class StreamFamily(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SluiceSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole validated configuration, with paths resolved against `home`."""
+    """The settings of the whole configuration file, with paths resolved against `home`."""
 
     home: Path
     source: Path | None
@@ -178,7 +171,13 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     home: Path | None = None,
 ) -> SluiceSettings:
-    """Read `sluice.toml` (`path`, else `$SLUICE_CONFIG`, else ./sluice.toml) and check it."""
+    """Read `sluice.toml` (`path`, else `$SLUICE_CONFIG`, else ./sluice.toml) and check it.
+
+    `SLUICE_*` environment variables override it: `SLUICE_STORE_<NAME>` the URI of store NAME
+    (`SLUICE_STORE_CLOUD=pravega://host:9090`; a store without `uri` or `embedded` is the
+    default store, `$SLUICE_STORE`, else `embedded:$SLUICE_HOME/streams`, where `sluice
+    collect` writes); `SLUICE_CHECKS_<KEY>`, `SLUICE_DAGSTER_<KEY>`, `SLUICE_EXPORTS_<KEY>` a
+    scalar of those tables (`SLUICE_CHECKS_QUARANTINE_RATE_MAX=0.05`)."""
     env = os.environ if environ is None else environ
     path = path or config_path()
     document = load_config(path)

@@ -2,16 +2,12 @@
 
 A generator collector sends a known sequence of samples into an edge stream, `sluice run
 mirror` copies it into a cloud stream, `sluice run export` flattens that into Parquet, and
-DuckDB finds every sample exactly once. A second mirror and export run find nothing new.
-
-Two backends:
-- `pravega`: everything on a Pravega cluster, when SLUICE_TEST_PRAVEGA=tcp://host:9090 names
-  one (docker/README.md shows how to start the compose deployment's). The collector then
-  uses the commit-first protocol and the mirror the driver-written sink, as Pravega's client
-  cannot flush a transaction. No Pravega server can run on the development machine.
-- `embedded-pravega-protocols`: the same run on the embedded store with exactly those
-  protocols forced, so that every step of this test runs on every machine.
-"""
+DuckDB finds every sample exactly once; a second mirror and export find nothing new. Two
+backends: `pravega`, on the cluster SLUICE_TEST_PRAVEGA=tcp://host:9090 names (see
+docker/README.md), where the collector uses the commit-first protocol and the mirror the
+driver-written sink, as Pravega's client cannot flush a transaction; and
+`embedded-pravega-protocols`, the embedded store with exactly those protocols forced, so that
+every step runs on every machine."""
 
 from __future__ import annotations
 

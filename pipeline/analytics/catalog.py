@@ -1,24 +1,11 @@
 """The analysts' DuckDB database: views over every file Sluice writes, by absolute path.
 
-The database file (`$SLUICE_HOME/analytics/sluice.duckdb` by default) holds views only (no
-copied data), so it stays small and always current, and it opens in the plain `duckdb`
-package with no Sluice import:
-
     duckdb.connect("/home/me/.sluice/analytics/sluice.duckdb").sql("SELECT * FROM rates LIMIT 5")
 
-Views (refreshed by `refresh`, which `sluice sql` and `sluice plot` call first):
-
-- `samples` (all exports, with an `export` column) and `<name>` (one export):
-  exported samples from the hive-partitioned Parquet, `date` and `hour` columns included;
-- `rates` and `<name>_rates`: per-sample rx/tx Mbit/s of NIC exports (`rates.py`);
-- `quarantine` and `<name>_quarantine`: events the export refused, with reasons;
-- `slices`: every slice of the slices stream (a Parquet snapshot taken at refresh);
-- `lineage`: one row per replay run: slice, cuts, counts, model and code version, paths;
-- `replays`: every replay's result rows, tagged with `slice_id`, `model`, `model_version`.
-
-A view over files that do not exist yet would fail when queried, so a source with no files
-gets an empty view with the declared columns instead; the next refresh points it at files.
-"""
+The file holds views only (no copied data), so it stays small and current and opens in plain
+`duckdb` with no Sluice import. Views: `samples` and one per export, `rates`, `quarantine`,
+`slices`, `lineage`, `replays`; `refresh` (run by `sluice sql` and `sluice plot`) rebuilds
+them, a source without files yet as an empty view. Each view: `DESIGN.md`, "Views"."""
 
 from __future__ import annotations
 

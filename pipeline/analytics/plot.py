@@ -1,11 +1,10 @@
-"""`sluice plot rates`: seed 000's rx/tx scatter chart, from the exported samples.
+"""`sluice plot rates`: an XY scatter chart of each NIC's rx/tx Mbit/s over time, per sample.
 
-A scatter (XY) plot, as the seed insists, so that uneven sampling does not distort time.
-Drawn with matplotlib's Agg canvas on a `Figure` object (no pyplot global state, no display).
-More samples than `max_points` are reduced to the maximum rate per time bucket and interface,
+A scatter (not a line) so that uneven sampling does not distort time. Drawn with
+matplotlib's Agg canvas on a `Figure` object (no pyplot global state, no display). More
+samples than `max_points` are reduced to the maximum rate per time bucket and interface,
 which keeps every burst visible (a plain subsample would drop the narrow ones); the title
-says when that happened.
-"""
+says when that happened."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
-"""Per-sample network rates: seed 000's calculated spreadsheet columns, as SQL.
+"""Per-sample network rates of NIC exports, as SQL: rx/tx megabits per second since the
+previous sample of the same NIC (the columns the Pravega Sensor Collector's NIC walkthrough
+adds in a spreadsheet).
 
-The seed adds two columns to the exported NIC samples, received and transmitted megabits per
-second since the previous sample of the same interface:
-
-    rx_mbps = (RxBytes - previous RxBytes) * 8 / 1e6 / ((TimestampNanos - previous) / 1e9)
-
-Here they are window functions over each `RemoteAddr` + `Interface` (one NIC of one host),
-ordered by sample time and then stream position, so interleaved hosts never mix. Edge cases,
-each visible rather than silently wrong:
-
-- the first sample of an interface has no previous one: rates are NULL;
-- two samples at the same nanosecond: the interval is 0, rates are NULL;
-- a counter that goes backwards (a reboot, a driver reset, a 32-bit wrap): that rate is
-  NULL and `counter_reset` is true, instead of a huge negative rate.
-"""
+Window functions over each `RemoteAddr` + `Interface`, ordered by sample time then stream
+position. A first sample or a zero interval gives NULL rates; a counter that goes backwards
+(a reboot, a wrap) gives a NULL rate and `counter_reset`, never a huge negative one
+(`DESIGN.md`, "Per-sample network rates")."""
 
 from __future__ import annotations
 

@@ -3,39 +3,17 @@
     sluice run bookmark --stream examples/network --schema NetworkSamples \\
         --sensor-by RemoteAddr,Interface --burst-mbps 50 --available-now
 
-Per sensor (its routing key, or flattened columns such as `RemoteAddr,Interface`), a *run* is
-a maximal sequence of that sensor's consecutive events in which at least one sample meets a
-condition; the first later event of the sensor with no such sample closes the run and records
-one slice (seed 004: "stream slices where events for a sensor are < 0"). Conditions (any of):
-
-- `--below FIELD=VALUE` / `--above FIELD=VALUE`: a sample's value strictly below / above;
-- `--burst-mbps N`: the NIC's rx or tx rate since its previous sample above N Mbit/s (the
-  previous sample may be in an earlier event or batch: it is kept in the job's state);
-- `--predicate module:function`: `function(frame) -> booleans`, one per row of a pandas
-  DataFrame holding the flattened rows of a batch (with `_routing_key` and `_time_ns`).
-
-Cuts are as tight as event boundaries allow: in each segment holding the run, the start cut
-is the first event of interest's `offset` and the end cut the last one's `end_offset`; every
-other segment gets an empty range (start = end = that segment's head when the run closed).
-The slice's time bounds are the first and last matching sample's event time. The reference
-(a Flink checkpoint's cut) is a superset; this is the exact set of events of interest plus
-the sensor's events between them.
-
-How it runs: Spark's `sluice` streaming source (cuts as offsets, admission control, the
-checkpoint) feeds `foreachBatch`; each batch is processed on the driver in stream order,
-because a run is sequential per sensor. Delivery: **exactly-once slices**. The per-sensor
-state is saved after each batch under the batch id, next to Spark's checkpoint; a batch
-Spark re-runs after a crash starts from the state of the batch before it, and `slice_id`s are
-deterministic, so re-recording a slice is a no-op (`record_slices` skips known ids).
-A run still open when the job stops stays open in the state until the sensor's next event.
-"""
+Bookmarking and slicing as in Pravega's StreamCuts sample: per sensor, a run of consecutive
+events meeting a condition (`--below`, `--above`, `--burst-mbps`, `--predicate`) becomes one
+slice with cuts as tight as event boundaries allow. Delivery: **exactly-once slices** (state
+saved per batch, deterministic slice ids). Conditions, cuts, state: `DESIGN.md`, "bookmark"."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -43,21 +21,35 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from pipeline import durable
 from pipeline.errors import SluiceError
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    BatchStates,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    flag_number,
+    run_query,
+    sluice_run,
+)
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, record_slices
 from pipeline.streams import StreamCut, open_store, parse_stream
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
 
-    from pipeline.jobs.streaming import BatchReport, JobSummary, RunOptions
     from pipeline.schemas import FlattenPlan
     from pipeline.streams import StreamStore
 
 STATE_VERSION = 1
+DEFAULT_NAME = "bookmark"
 Kind = Literal["below", "above", "burst", "predicate"]
+#: the order conditions take in a spec (and on the command line)
+KINDS: tuple[Kind, ...] = ("below", "above", "burst", "predicate")
 
 
 class BookmarkError(SluiceError, ValueError):
@@ -86,6 +78,14 @@ class Condition:
             return f"NIC rate above {self.value:g} Mbit/s"
         return f"predicate {self.predicate}"
 
+    def flags(self) -> list[str]:
+        """The `sluice run bookmark` flag that gives this condition."""
+        if self.kind in ("below", "above"):
+            return [f"--{self.kind}", f"{self.field}={flag_number(self.value)}"]
+        if self.kind == "burst":
+            return ["--burst-mbps", flag_number(self.value)]
+        return ["--predicate", self.predicate]
+
 
 def threshold(kind: Literal["below", "above"], text: str) -> Condition:
     """`FIELD=VALUE` of `--below` / `--above`."""
@@ -98,6 +98,21 @@ def threshold(kind: Literal["below", "above"], text: str) -> Condition:
         msg = f"--{kind} {text!r}"
         raise BookmarkError(msg, "expected FIELD=NUMBER, e.g. value=0")
     return Condition(kind, field=name.strip(), value=number)
+
+
+def conditions_of(
+    below: Iterable[str] = (),
+    above: Iterable[str] = (),
+    burst_mbps: float | None = None,
+    predicates: Iterable[str] = (),
+) -> tuple[Condition, ...]:
+    """Conditions from their text forms: `FIELD=VALUE` thresholds, a NIC rate, predicates."""
+    found = [threshold("below", text) for text in below]
+    found += [threshold("above", text) for text in above]
+    if burst_mbps is not None:
+        found.append(Condition("burst", value=burst_mbps))
+    found += [Condition("predicate", predicate=name) for name in predicates]
+    return tuple(found)
 
 
 def _predicate(spec: str) -> Callable[[pd.DataFrame], Any]:
@@ -148,23 +163,47 @@ class BookmarkState:
 
 @dataclass(frozen=True, slots=True)
 class BookmarkSpec:
+    """What to watch, for which conditions, per what sensor; `name` goes into each slice's
+    `created_by`. Conditions are kept in `KINDS` order, so a spec and its command line
+    give the same `reason` and so the same slice ids."""
+
     stream: str
     schema: str
     store: str
     conditions: tuple[Condition, ...]
     sensor_by: str = "routing_key"
     slices_stream: str = DEFAULT_SLICES_STREAM
-    name: str = "bookmark"
+    name: str = DEFAULT_NAME
+
+    def __post_init__(self) -> None:
+        ordered = sorted(self.conditions, key=lambda c: KINDS.index(c.kind))
+        object.__setattr__(self, "conditions", tuple(ordered))
 
     @property
     def reason(self) -> str:
         return " or ".join(c.describe() for c in self.conditions)
 
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run bookmark …` argv that runs exactly this spec."""
+        if sum(c.kind == "burst" for c in self.conditions) > 1:
+            msg = "--burst-mbps"
+            raise BookmarkError(msg, "the command line takes one burst condition")
+        flags = ["--stream", self.stream, "--schema", self.schema, "--sensor-by", self.sensor_by]
+        flags += [flag for c in self.conditions for flag in c.flags()]
+        flags += ["--slices-stream", self.slices_stream]
+        if self.name != DEFAULT_NAME:
+            flags += ["--name", self.name]
+        return sluice_run(self.store, "bookmark", flags, run)
+
 
 def check_conditions(spec: BookmarkSpec) -> None:
+    """Refuse a spec without conditions, or whose predicates name no function."""
     if not spec.conditions:
         reason = "give a condition: --below, --above, --burst-mbps or --predicate"
         raise BookmarkError(spec.stream, reason)
+    for c in spec.conditions:
+        if c.kind == "predicate":
+            _predicate(c.predicate)
 
 
 # --- one batch ------------------------------------------------------------------------------
@@ -292,20 +331,15 @@ class Bookmarker:
 # --- the job --------------------------------------------------------------------------------
 
 
-def _state_path(root: Path, batch_id: int) -> Path:
-    return root / f"state-{batch_id:012d}.json"
-
-
-def load_state(root: Path, before: int) -> BookmarkState:
-    """The state saved by the latest batch before `before` (a fresh one if none)."""
-    saved = sorted(p for p in root.glob("state-*.json") if int(p.stem[6:]) < before)
-    return BookmarkState.from_json(saved[-1].read_text()) if saved else BookmarkState()
-
-
-def save_state(root: Path, batch_id: int, state: BookmarkState) -> None:
-    durable.write_text(_state_path(root, batch_id), state.to_json())
-    for old in sorted(root.glob("state-*.json"))[:-2]:
-        old.unlink()
+def bookmark_states(root: Path) -> BatchStates[BookmarkState]:
+    """The job's state after each batch, as JSON files under `root`."""
+    return BatchStates(
+        root,
+        fresh=BookmarkState,
+        load=lambda path: BookmarkState.from_json(path.read_text()),
+        save=lambda state, path: path.write_text(state.to_json()),
+        suffix=".json",
+    )
 
 
 def process_batch(
@@ -318,14 +352,15 @@ def process_batch(
     events: pa.Table,
 ) -> list[SliceRecord]:
     """One micro-batch, idempotently: skip it if its state exists, else record and save."""
-    if _state_path(root, batch_id).exists():
-        return []
-    bookmarker = Bookmarker(spec, plan, load_state(root, batch_id))
-    ordered = events.sort_by([("segment", "ascending"), ("offset", "ascending")])
-    closed = bookmarker.process(ordered, store.head(spec.stream).segments)
-    record_slices(store, closed, spec.slices_stream)
-    save_state(root, batch_id, bookmarker.state)
-    return closed
+
+    def step(state: BookmarkState) -> list[SliceRecord]:
+        bookmarker = Bookmarker(spec, plan, state)
+        ordered = events.sort_by([("segment", "ascending"), ("offset", "ascending")])
+        closed = bookmarker.process(ordered, store.head(spec.stream).segments)
+        record_slices(store, closed, spec.slices_stream)
+        return closed
+
+    return bookmark_states(root).run(batch_id, step) or []
 
 
 def _foreach(spec: BookmarkSpec, root: Path) -> Callable[[DataFrame, int], None]:
@@ -347,73 +382,15 @@ def bookmark(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the bookmark job (see the module doc) until caught up or stopped."""
-    from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-    from pipeline.jobs.streaming import JobSummary, await_query, source_frame, with_trigger
-
     identity = JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
     root = run.checkpoint or default_checkpoint("bookmark", spec.stream, spec.slices_stream)
+
+    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
+        process = _foreach(spec, checkpoint.root / "bookmarks")
+        return events.writeStream.foreachBatch(process).queryName(f"bookmark {spec.stream}")
+
     with Checkpoint(root, identity) as checkpoint:
-        frame = source_frame(spark, spec.store, spec.stream, run)
-        writer = frame.writeStream.foreachBatch(_foreach(spec, checkpoint.root / "bookmarks"))
-        writer = with_trigger(writer, run).option("checkpointLocation", str(checkpoint.spark_dir))
-        query = writer.queryName(f"bookmark {spec.stream}").start()
-        batches = await_query("bookmark", query, run, report)
-        return JobSummary(
-            "bookmark",
-            str(checkpoint.root),
-            batches,
-            {"slices_stream": spec.slices_stream, "reason": spec.reason},
-        )
-
-
-# --- `sluice run bookmark` ------------------------------------------------------------------
-
-
-def register_run(jobs: Any, common: Any) -> None:
-    p = jobs.add_parser("bookmark", parents=[common], help="record slices where a condition holds")
-    p.add_argument("--stream", required=True, help="SCOPE/STREAM to watch")
-    p.add_argument("--schema", required=True, help="Avro schema (bundled name or .avsc)")
-    p.add_argument(
-        "--sensor-by",
-        default="routing_key",
-        help="routing_key, or columns naming a sensor, e.g. RemoteAddr,Interface",
-    )
-    p.add_argument("--below", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--above", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--burst-mbps", type=float, help="NIC rx or tx rate above this")
-    p.add_argument("--predicate", action="append", default=[], metavar="MODULE:FUNCTION")
-    p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
-    p.set_defaults(func=_run_bookmark)
-
-
-def spec_from_args(args: Any, store: str) -> BookmarkSpec:
-    conditions = [threshold("below", t) for t in args.below]
-    conditions += [threshold("above", t) for t in args.above]
-    if args.burst_mbps is not None:
-        conditions.append(Condition("burst", value=args.burst_mbps))
-    conditions += [Condition("predicate", predicate=p) for p in args.predicate]
-    for c in conditions:
-        if c.kind == "predicate":
-            _predicate(c.predicate)  # refuse a bad name before Spark starts
-    return BookmarkSpec(
-        args.stream, args.schema, store, tuple(conditions), args.sensor_by, args.slices_stream
-    )
-
-
-def _run_bookmark(args: Any) -> int:
-    from pipeline.jobs.commands import (
-        check_stream,
-        job_session,
-        print_report,
-        print_summary,
-        run_options,
-        store_uri,
-    )
-    from pipeline.schemas import flatten_plan
-
-    store = store_uri(args)
-    spec = spec_from_args(args, store)
-    check_conditions(spec)
-    flatten_plan(spec.schema)
-    check_stream(store, spec.stream)
-    return print_summary(bookmark(job_session(), spec, run_options(args), report=print_report))
+        source = JobSource(spec.store, spec.stream)
+        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
+        outputs = {"slices_stream": spec.slices_stream, "reason": spec.reason}
+        return JobSummary("bookmark", str(checkpoint.root), batches, outputs)

@@ -1,18 +1,13 @@
-"""A job's checkpoint directory: Spark's checkpoint, the batch ledger, the run lock.
+"""A job's checkpoint directory: held by one run at a time, and read for its progress.
 
-    <checkpoint>/
-      job.json        which job this checkpoint belongs to (JobIdentity, versioned)
-      start_cut       the cut its first batch started from (`--from` resolved; Spark's own
-                      logs name no start for batch 0)
-      run.lock        held (flock) by the one run using the checkpoint; holds its pid
-      spark/          Spark's own checkpoint (offsets = stream cuts, commits)
-      ledger.sqlite   the sink's batch ledger (pipeline/spark/ledger.py)
+    <checkpoint>/job.json       which job it belongs to (`JobIdentity`, versioned)
+                 start_cut      the cut its first batch started from (`--from` resolved)
+                 run.lock       `flock`ed by the one run using it; holds that run's pid
+                 spark/         Spark's checkpoint: offsets (stream cuts) and commits
+                 ledger.sqlite  the sink's batch ledger (`pipeline/spark/ledger.py`)
 
-One checkpoint per job and output. A second run on a checkpoint that is in use is refused
-(`CheckpointInUse`), and so is a run of a different job or of other streams on it
-(`CheckpointMismatch`): silently continuing another job's positions would skip or repeat data.
-The lock is an `flock`, released by the kernel when the holding process dies — a run killed
-with SIGKILL never leaves a stale lock behind.
+A run on a checkpoint in use (`CheckpointInUse`) or of another job (`CheckpointMismatch`) is
+refused. Progress is read without the lock, so a sensor can follow a running service.
 """
 
 from __future__ import annotations
@@ -29,8 +24,11 @@ from typing import IO
 from pipeline import durable
 from pipeline.config import sluice_home
 from pipeline.errors import SluiceError
+from pipeline.spark.ledger import BatchLedger
+from pipeline.streams import StreamCut
 
 IDENTITY_VERSION = 1
+OFFSET_LOG_VERSION = "v1"
 
 
 class CheckpointError(SluiceError):
@@ -82,7 +80,11 @@ def _safe(text: str) -> str:
 
 
 class Checkpoint:
-    """An acquired checkpoint directory; use as a context manager (it releases the lock)."""
+    """An acquired checkpoint directory; use as a context manager (it releases the lock).
+
+    One checkpoint per job and output: silently continuing another job's positions would
+    skip or repeat data. The lock is an `flock`, released by the kernel when the holding
+    process dies, so a run killed with SIGKILL never leaves a stale lock behind."""
 
     def __init__(self, root: Path, identity: JobIdentity) -> None:
         self.root = root.absolute()
@@ -163,3 +165,98 @@ def recorded_start(root: Path) -> str | None:
         return (root / "start_cut").read_text().strip() or None
     except FileNotFoundError:
         return None
+
+
+# --- progress: read without the lock, by sensors and catch-up runs ------------------------
+
+
+class UnreadableCheckpoint(CheckpointError):
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        msg = (
+            f"cannot read the progress of checkpoint {path}: {reason} (was it written by "
+            "another Spark version? run the job once with `sluice run` to see its error)"
+        )
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTotals:
+    """Counts the ledger recorded for a range of published batches."""
+
+    batches: int = 0
+    events: int = 0
+    rows: int = 0
+    quarantined: int = 0
+    bytes: int = 0
+    files: tuple[str, ...] = ()
+    min_event_time_ns: int | None = None
+    max_event_time_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointProgress:
+    """The last batch a checkpoint committed and the cut where it ended."""
+
+    root: Path
+    batch_id: int
+    end_cut: StreamCut
+
+
+def _batch_ids(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def committed_progress(root: Path) -> CheckpointProgress | None:
+    """The checkpoint's last committed batch (the highest name under `spark/commits/`), or
+    None before its first one. Spark writes a commit file only after the batch's sink commit
+    returned, so a committed batch is published and its end cut is durable."""
+    commits = _batch_ids(root / "spark" / "commits")
+    if not commits:
+        return None
+    batch_id = commits[-1]
+    return CheckpointProgress(root, batch_id, batch_end_cut(root, batch_id))
+
+
+def batch_end_cut(root: Path, batch_id: int) -> StreamCut:
+    """The end cut of `batch_id`: the last line of `spark/offsets/<batch>`, the `sluice`
+    source's offset JSON `{"cut": "v1~…"}` (Spark's offset log, format `v1`)."""
+    path = root / "spark" / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError as exc:
+        raise UnreadableCheckpoint(root, f"{path}: {exc.strerror}") from None
+    if len(lines) < 3 or lines[0] != OFFSET_LOG_VERSION:
+        raise UnreadableCheckpoint(root, f"{path} is not a {OFFSET_LOG_VERSION} offset log")
+    try:
+        offset = json.loads(lines[-1])
+        return StreamCut.parse(offset["cut"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UnreadableCheckpoint(
+            root, f"{path}: no stream cut in its source offset ({exc})"
+        ) from None
+
+
+def ledger_totals(root: Path, after: int, upto: int) -> BatchTotals:
+    """Counts of the batches in (after, upto] that the ledger marked done."""
+    path = root / "ledger.sqlite"
+    if not path.exists():
+        return BatchTotals()
+    with BatchLedger(path) as ledger:
+        records = [r for r in ledger.batches(since=after) if r.batch_id <= upto]
+    stats = [r.stats or {} for r in records if r.state == "done"]
+    files = tuple(f for s in stats for f in s.get("files", ()))
+    lows = [int(s["min_event_time_ns"]) for s in stats if s.get("min_event_time_ns") is not None]
+    highs = [int(s["max_event_time_ns"]) for s in stats if s.get("max_event_time_ns") is not None]
+    return BatchTotals(
+        batches=len(stats),
+        events=sum(int(s.get("events", 0)) for s in stats),
+        rows=sum(int(s.get("rows", s.get("events", 0))) for s in stats),
+        quarantined=sum(int(s.get("quarantined", 0)) for s in stats),
+        bytes=sum(int(s.get("bytes", 0)) for s in stats),
+        files=files,
+        min_event_time_ns=min(lows) if lows else None,
+        max_event_time_ns=max(highs) if highs else None,
+    )

@@ -1,14 +1,12 @@
 """The console job: print a stream's events, human-readably, from head or tail, following.
 
-One line per event, in stream order within each batch:
-
     2026-11-22T04:13:57.210Z  examples/network  0@1024  key=site-1  {"TimestampNanos":[…
 
-The payload is shown as UTF-8 text cut to `max_chars` (with its full size); a payload that is
-not UTF-8 is shown as hex. Delivery: **at-least-once** — each batch is printed from the
-driver once it is read, and a batch Spark re-runs after a crash is printed again (printing is
-not transactional); with a checkpoint, a later run resumes after the last batch printed.
-"""
+One line per event, in stream order within each batch; the payload as UTF-8 text cut to
+`max_chars` (with its full size), or hex when it is not UTF-8. Delivery: **at-least-once** —
+each batch is printed from the driver once it is read, and a batch Spark re-runs after a
+crash is printed again (printing is not transactional); with a checkpoint, a later run
+resumes after the last batch printed."""
 
 from __future__ import annotations
 
@@ -19,18 +17,37 @@ from datetime import UTC
 from typing import TYPE_CHECKING, TextIO
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+    sluice_run,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter
 
+MAX_CHARS = 200
+
 
 @dataclass(frozen=True, slots=True)
 class ConsoleSpec:
+    """Which stream to print, and how much of each payload."""
+
     stream: str
     store: str
-    max_chars: int = 200
+    max_chars: int = MAX_CHARS
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run console …` argv that runs exactly this spec."""
+        flags = ["--stream", self.stream]
+        if self.max_chars != MAX_CHARS:
+            flags += ["--max-chars", str(self.max_chars)]
+        return sluice_run(self.store, "console", flags, run)
 
 
 def format_event(row: dict, max_chars: int) -> str:

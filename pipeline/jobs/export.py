@@ -3,21 +3,10 @@
     summary = export(spark, ExportSpec("examples/network", "NetworkSamples", Path("out"),
                                        store="embedded:/edge"), RunOptions())
 
-Each trigger (10 s by default, as the reference tool) publishes a new set of files, capped at
-`max_rows_per_file` rows each, hive-partitioned by the rows' event time (`date=`/`hour=`,
-UTC); every row carries `_segment`, `_offset`, `_sample`; malformed events go to the
-`_quarantine` Parquet table with their raw payload, position and reason. The file layout and
-how a batch is published are in `pipeline/spark/files.py`.
-
-Query the result with DuckDB:
-
-    SELECT * FROM read_parquet('out/parquet/date=*/hour=*/*.parquet', hive_partitioning=true)
-
-Delivery: **exactly-once** files. The source replays a batch over the same cuts; the sink
-stages complete files, records the batch in the ledger next to the checkpoint and publishes
-by atomic rename, so a DuckDB query at any moment — during a crash included — sees every
-sample exactly once or not yet.
-"""
+Each batch publishes files hive-partitioned by event time, with lineage columns `_segment`,
+`_offset`, `_sample`; malformed events go to `_quarantine` with their reason. Delivery:
+**exactly-once** files (staged, recorded in the ledger, published by atomic rename), so DuckDB
+sees every sample once or not yet. More: `DESIGN.md`, "export"."""
 
 from __future__ import annotations
 
@@ -27,7 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+    sluice_run,
+)
 from pipeline.schemas import flatten_plan
 
 if TYPE_CHECKING:
@@ -35,6 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter
 
 DEFAULT_FORMATS = ("parquet", "csv")
+MAX_ROWS_PER_FILE = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +44,18 @@ class ExportSpec:
     output: Path
     store: str
     formats: tuple[str, ...] = DEFAULT_FORMATS
-    max_rows_per_file: int = 1_000_000
+    max_rows_per_file: int = MAX_ROWS_PER_FILE
     time_field: str | None = None
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run export …` argv that runs exactly this spec."""
+        flags = ["--stream", self.stream, "--schema", self.schema, "--output", str(self.output)]
+        flags += ["--format", ",".join(self.formats)]
+        if self.max_rows_per_file != MAX_ROWS_PER_FILE:
+            flags += ["--max-rows-per-file", str(self.max_rows_per_file)]
+        if self.time_field is not None:
+            flags += ["--time-field", self.time_field]
+        return sluice_run(self.store, "export", flags, run)
 
 
 def export(

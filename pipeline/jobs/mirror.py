@@ -4,21 +4,9 @@
                                        store="embedded:/edge", to_store="embedded:/cloud",
                                        fixed_routing_key="site-1"), RunOptions())
 
-The target may be in another scope, another embedded store or a Pravega cluster. Events keep
-their routing keys, or all take `fixed_routing_key` (one key per edge site, so one site's
-events stay in order in a cloud stream shared by many sites).
-
-Delivery: **exactly-once**. The `sluice` source replays a batch over the same cuts, and the
-`sluice` sink commits a batch's store transactions with the batch id recorded in the ledger
-next to the checkpoint, so a batch Spark re-runs after a crash is committed once
-(`pipeline/spark/writing.py`). Per-key order holds because a key lives in one source
-segment and the sink commits each batch's ranges in (segment, offset) order.
-
-`commit_mode` says who writes into the target: `tasks` (each task copies its ranges into its
-own transaction; the target must be able to flush one, as the embedded store can), `driver`
-(the driver copies the whole batch into one transaction: for Pravega, whose client cannot
-flush, and for a target that only the driver can reach), or `auto` (by the target's features).
-"""
+The target may be in another scope, store or a Pravega cluster; `fixed_routing_key` gives all
+events one key (one per edge site). Delivery: **exactly-once** (the `sluice` sink commits a
+batch once, by the ledger); per-key order kept. `commit_mode`: `DESIGN.md`, "mirror"."""
 
 from __future__ import annotations
 
@@ -27,7 +15,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
-from pipeline.jobs.streaming import BatchReport, JobSource, JobSummary, RunOptions, run_query
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    run_query,
+    sluice_run,
+)
 from pipeline.streams import open_store
 
 if TYPE_CHECKING:
@@ -47,6 +43,15 @@ class MirrorSpec:
     to_store: str
     fixed_routing_key: str | None = None
     commit_mode: CommitMode = "auto"
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run mirror …` argv that runs exactly this spec."""
+        flags = ["--stream", self.stream, "--to", self.to, "--to-store", self.to_store]
+        if self.fixed_routing_key is not None:
+            flags += ["--fixed-routing-key", self.fixed_routing_key]
+        if self.commit_mode != "auto":
+            flags += ["--commit-mode", self.commit_mode]
+        return sluice_run(self.store, "mirror", flags, run)
 
 
 def ensure_target(spec: MirrorSpec) -> None:

@@ -2,31 +2,11 @@
 
     result = replay(spark, store_uri, slice_id, "pipeline.models.nic:throughput")
 
-1. The slice's start cut must still be readable: a stream truncated past it raises
-   `SliceTruncated` before anything runs (a partial replay would look like a real one).
-2. A bounded Spark read of the `sluice` source between the slice's two cuts (a slice of one
-   routing key is filtered in Spark); the events come to the driver as Arrow.
-3. They are flattened through the stream's Avro schema (`pipeline.schemas`, the export's
-   fast path) and filtered to the slice's sensor and time bounds with Arrow compute. Events
-   the schema refuses are counted in the metrics with their reasons, never dropped silently.
-   (Flattening on the driver rather than in executors: the rows would otherwise cross the
-   JVM twice, which measured 1.8x slower for a 2 M-sample slice on this machine.)
-4. The model gets **one pandas DataFrame** of the whole slice, sorted by (event time,
-   segment, offset, sample). Why pandas: a slice is bounded and fits in memory (10 M samples
-   are ~0.5 GB), a model under validation wants the whole history at once (rolling windows,
-   bursts spanning batches), and pandas/numpy is what the people writing such models use; an
-   Arrow batch stream would force every model to handle batch boundaries, and a Spark
-   DataFrame would make every model a Spark program and its row order undefined. The model
-   returns a DataFrame, or `(DataFrame, metrics dict)`.
-5. Results go to `results.parquet`, metrics to `metrics.json` (counts and the model's
-   metrics, no wall-clock times), both written to a temporary name and renamed: the same
-   slice and model version give byte-identical files. The lineage record (with the times)
-   goes to the output directory and to `$SLUICE_HOME/lineage/<run_id>.json`.
-
-Delivery: exactly-once per (slice, model, version, params): the run id and output paths
-derive from them, so a re-run (after a crash, or on purpose) replaces the same files with
-the same bytes.
-"""
+A bounded Spark read between the slice's two cuts, flattened through the stream's schema on
+the driver, filtered to the slice's sensor and time bounds, handed to the model as one pandas
+DataFrame; results, metrics and lineage are written under a name derived from (slice, model,
+version, params). Delivery: exactly-once per (slice, model, version, params): a re-run
+writes the same bytes to the same files. The steps, and why pandas: `DESIGN.md`, "replay"."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """Slices: named, bounded pieces of a stream's history (a pair of stream cuts), stored in a
 slices stream so that any job, any machine and any later day can replay exactly them.
 
-A slice is a `SliceRecord` (a frozen, versioned dataclass) written as one JSON event to the
-slices stream (default `sluice/slices`, routing key = the sliced stream, so each stream's
-slices stay in order). Its `slice_id` is a hash of what the slice *is* (stream, sensor, both
-cuts, time bounds, reason), so recording the same slice twice gives the same id.
-
-Delivery: `record_slices` skips ids already in the slices stream and writes the new ones in
-one transaction: exactly-once for one writer at a time. Two writers racing on the same slice
-can both append it; `list_slices` and `find_slice` keep the first record of each id, so every
-reader still sees each slice exactly once.
-"""
+A slice is a `SliceRecord` written as one JSON event to the slices stream (default
+`sluice/slices`); its `slice_id` is a hash of what the slice is, so recording it twice gives
+the same id. Delivery: `record_slices` skips known ids (exactly-once for one writer at a
+time); readers keep the first record of each id (`DESIGN.md`, "slices")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The time-series join as a replay model: two series of one slice, each record paired with
-its nearest predecessor and successor in the other (`pipeline.jobs.join` has the semantics).
+its nearest predecessor and successor in the other (`pipeline.timejoin` has the semantics).
 
 The two series are the rows whose `split_column` equals `left` and `right` (by default two
 interfaces of the NIC samples: `Interface` = `eth0` / `wlan0`). Times are `time_column`
@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.jobs.join import join_tables
+from pipeline.timejoin import join_tables
 
 NS = 1_000_000_000
 

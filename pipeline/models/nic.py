@@ -1,18 +1,10 @@
 """NIC throughput statistics over a slice: rates per second, bursts and idle periods.
 
 Input: flattened NetworkSamples rows (`RemoteAddr`, `Interface`, `TimestampNanos`, `RxBytes`,
-`TxBytes`). For each NIC (host + interface) the byte counters are differenced sample to sample
-(a counter that goes backwards — a reboot or wrap — contributes nothing, as in the `rates`
-view), the differences are summed per whole second of sample time, and each second becomes a
-row with its rx/tx Mbit/s and a state:
-
-- `burst`: rx or tx above `burst_mbps`;
-- `idle`: rx and tx at or below `idle_mbps`;
-- `active`: anything between.
-
-Consecutive seconds of one state form a period; the metrics count burst and idle periods and
-give the peak and mean rates, as seed 000 reads them off its charts ("bursts every 10 to 15
-seconds", "12 MB received").
+`TxBytes`). Per NIC (host + interface) and whole second of sample time: rx/tx Mbit/s and a
+state, `burst`, `idle` or `active`; consecutive seconds of one state form a period. The
+metrics are what one reads off a NIC rate chart (as in the Pravega Sensor Collector's NIC
+walkthrough: "bursts every 10 to 15 seconds", "12 MB received"), as numbers.
 """
 
 from __future__ import annotations
@@ -53,7 +45,13 @@ def _periods(states: pd.Series, nic_change: pd.Series) -> pd.Series:
 def throughput(
     frame: pd.DataFrame, burst_mbps: float = 50.0, idle_mbps: float = 0.1
 ) -> tuple[pd.DataFrame, dict]:
-    """Rows per NIC and second; metrics over the whole slice (see the module doc)."""
+    """Rows per NIC and second; metrics over the whole slice.
+
+    The byte counters are differenced sample to sample (a counter that goes backwards — a
+    reboot or wrap — contributes nothing, as in the `rates` view) and summed per second; a
+    second is `burst` when rx or tx is above `burst_mbps`, `idle` when both are at or below
+    `idle_mbps`, else `active`. The metrics count burst and idle periods and give the peak and
+    mean rates."""
     if frame.empty:
         columns = [*NIC, "second", "samples", "rx_bytes", "tx_bytes", "rx_mbps", "tx_mbps"]
         return pd.DataFrame(columns=[*columns, "state"]), {"seconds": 0, "burst_periods": 0}

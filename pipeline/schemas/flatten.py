@@ -1,16 +1,10 @@
 """Flatten a batch of JSON events into Arrow rows through a `FlattenPlan`; quarantine the bad.
 
-This runs in Spark executors (inside the export sink's tasks) and must be fast: an event is
-decoded with msgspec into a typed struct whose number arrays are kept as raw JSON text, and
-those are parsed straight into numpy arrays — no Python int per sample. Anything unusual on
-that fast path (a value numpy would read differently from JSON: out of range, not finite, not
-a number) sends the event through the strict decoder, which gives the exact answer: rows, or
-a quarantine reason. Both paths accept and refuse the same events with the same values.
-
-An event is quarantined, never dropped and never a crash, when it is not UTF-8, not JSON,
-misses a required field, has a value of the wrong type, or has parallel arrays of unequal
-length. Each quarantined event keeps its raw payload, its position and the reason.
-"""
+Runs in Spark executors and must be fast: msgspec decodes an event into a typed struct whose
+number arrays stay raw JSON text, parsed straight into numpy arrays; anything unusual goes
+through a strict decoder that gives the exact answer, the same as the fast path would. An
+event that is not UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays
+is quarantined with its payload, position and reason, never dropped (`DESIGN.md`)."""
 
 from __future__ import annotations
 

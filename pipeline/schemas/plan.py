@@ -1,22 +1,11 @@
 """Flatten plans: how an Avro record schema becomes one flat table.
 
-Rules (the reference tool only does the first):
-
-- fields of array type are *parallel arrays*: an event becomes one row per index, and every
-  array of an event must have the same length (else the event is quarantined);
-- scalar fields repeat on each row of their event;
-- nested records flatten into `parent_child` columns (arrays of records too: `array_child`);
-- a field with a default takes it when an (older) event lacks it — schema evolution;
-- fields the schema does not name are ignored;
-- an optional field (a union with null) accepts a plain JSON value or null;
-- a map becomes one string column holding its JSON text.
-
-Every table also carries the lineage columns `_segment`, `_offset` (where the event is in the
-stream) and `_sample` (the index of the row within its event).
-
-A plan is built on the driver and again in each executor process from the schema text
-(`FlattenPlan.__reduce__`), because its decoders are classes made at run time.
-"""
+Array fields are parallel arrays (one row per index, equal lengths or the event is
+quarantined), scalars repeat on each row, nested records become `parent_child` columns,
+defaults fill fields older events lack; every table carries the lineage columns `_segment`,
+`_offset` and `_sample`. A plan is rebuilt in each executor from the schema text
+(`FlattenPlan.__reduce__`), because its decoders are classes made at run time. All the
+rules: `DESIGN.md`."""
 
 from __future__ import annotations
 

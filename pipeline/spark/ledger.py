@@ -1,22 +1,10 @@
 """The batch ledger: a small SQLite file that makes a sink's commit of a batch idempotent.
 
-A sink's driver-side commit of batch N goes through three durable steps:
-
-1. `record(N, plan)` — in one SQLite transaction, either records the *intent* (what the batch
-   will publish: transaction ids, or staged files) or, if batch N was recorded before, returns
-   that earlier record instead. The earlier record wins: a batch Spark re-runs after a crash
-   reads the same events, and what was recorded first is what gets published.
-2. the sink publishes the record (commits the store transactions / renames the files); each
-   step of publishing is idempotent, so repeating it after a crash is harmless;
-3. `finish(N, stats)` marks the batch done.
-
-A re-run of a batch that is `done` publishes nothing. A sink that writes the batch itself on
-the driver (`writing.py`, `commitMode=driver`) records each attempt with `attempt(N, plan)`
-instead: the latest attempt's transaction is the one that may have been published.
-
-The file lives next to the Spark checkpoint (one per job), uses WAL with `synchronous=FULL`,
-so a step that returned survives a `kill -9` and a power cut.
-"""
+A driver-side commit of batch N: `record(N, plan)` records what the batch will publish (or
+returns what was recorded first), the sink publishes it (each step idempotent), `finish(N,
+stats)` marks it done; a re-run of a done batch publishes nothing. A sink that writes on the
+driver records each attempt (`attempt`). One file next to each Spark checkpoint, WAL with
+`synchronous=FULL`: a step that returned survives `kill -9` and a power cut (`DESIGN.md`)."""
 
 from __future__ import annotations
 

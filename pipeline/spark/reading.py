@@ -1,26 +1,11 @@
 """Reading a stream into Spark: batch and streaming readers of the `sluice` data source.
 
-Offsets are stream cuts, carried as `{"cut": "<cut text>"}` so Spark's checkpoint and progress
-reports show the cut itself. A micro-batch (or a batch read) covers the events between two
-cuts; it is planned as **segment ranges** (segment, start offset, end offset), and a large
-range is split at event boundaries (`store.split_points`) so that every core has work. Reading
-a range is deterministic: the same cuts give the same events, so Spark may re-run a batch.
-
-What runs where: `latestOffset`, `partitions` and `commit` run on the driver (in a Python
-process Spark keeps for the query); `read` runs in executors, which open the store by its URI.
-
-Admission control (`maxEventsPerTrigger`, `maxBytesPerTrigger`) and `Trigger.AvailableNow`
-follow Spark 4.2's Python API: `getDefaultReadLimit` announces the limit, `latestOffset(start,
-limit)` honours whatever limit Spark passes (and everything when it passes `ReadAllAvailable`),
-and `prepareForTriggerAvailableNow` fixes the tail the query stops at.
-
-Per-key order across scaled segments: a successor segment is admitted into a batch only once
-every sealed predecessor (lower number, overlapping key range) is read to its end, and ranges
-are planned in (segment, offset) order, which the `sluice` writer commits in.
-
-Delivery: the reader itself holds no state; with a checkpoint, Spark replays a failed batch
-over the same cuts, which gives exactly-once input to an idempotent sink.
-"""
+Offsets are stream cuts (`{"cut": "<cut text>"}`); a batch covers the events between two cuts,
+planned as segment ranges split at event boundaries. `latestOffset`, `partitions` and `commit`
+run on the driver; `read` runs in executors, which open the store by its URI. Admission
+control and `Trigger.AvailableNow` follow Spark 4.2's Python API. Delivery: the reader holds
+no state and reads the same events for the same cuts, so with a checkpoint Spark's replay of a
+failed batch gives exactly-once input to an idempotent sink. Details: `DESIGN.md`, "Reading"."""
 
 from __future__ import annotations
 

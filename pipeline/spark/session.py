@@ -1,20 +1,11 @@
 """The Spark session: one per process, configured once, with the `sluice` sources registered.
 
-`spark_session()` returns the process's session, creating it on first use:
-
-- master `local[*]` unless `SLUICE_SPARK_MASTER` (or `[spark] master` in sluice.toml) names
-  another (`local[2]`, `spark://host:7077`, `k8s://…`, `yarn`);
-- `PYSPARK_PYTHON` is the running interpreter, so executors import the same `pipeline` package
-  from the same virtual environment;
-- the driver binds to loopback unless `SLUICE_SPARK_DRIVER_HOST` says otherwise (a remote
-  cluster needs an address its workers can reach);
-- Spark's own logging goes to stderr at ERROR level and the progress bar is off, so a job's
-  batch reports are what the user sees.
-
-Spark keeps one active session per process (`getOrCreate`), so there is no module-level
-singleton here: calling `spark_session()` twice returns the same object, and the settings of
-the first call win (the JVM cannot change master once started).
-"""
+`spark_session()` returns the process's session, creating it on first use: master `local[*]`
+unless `SLUICE_SPARK_MASTER` (or `[spark] master` in sluice.toml) names another,
+`PYSPARK_PYTHON` the running interpreter, the driver bound to loopback unless
+`SLUICE_SPARK_DRIVER_HOST` says otherwise, Spark's logging at ERROR. Spark keeps one active
+session per process (`getOrCreate`), so there is no module-level singleton: the settings of
+the first call win (`DESIGN.md`, "The session")."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """The `sluice` and `sluice-export` Spark data sources (PySpark Python Data Source API, 4.2+).
 
-    spark.read.format("sluice").option("stream", "examples/network").load()
-    spark.readStream.format("sluice").option("stream", "examples/network")
-        .option("maxEventsPerTrigger", 1000).load()
+    spark.readStream.format("sluice").option("stream", "examples/network").load()
     df.writeStream.format("sluice").option("stream", "cloud/network")
         .option("checkpointLocation", ck).start()
-    df.writeStream.format("sluice-export").option("schema", "NetworkSamples")
-        .option("output", out).option("checkpointLocation", ck).start()
 
-Options of `sluice` reads: `store` (URI; default the configured store), `stream`,
-`startingCut` (`head` | `tail` | a cut; default head), `endingCut` (a cut or `tail`),
-`maxEventsPerTrigger`, `maxBytesPerTrigger`, `minPartitions` (default 2), `minSplitBytes`,
-`emit` (`events`, or `ranges`: one row per segment range for a sink that reads the store).
-Writes: `store`, `stream`, `routingKey` (fixed key), `state` (ledger file; default next to the
-checkpoint), `batchId` (batch writes), `createSegments` (create the stream if missing), `commitMode`
-(`auto`, `tasks` or `driver`: who writes the transactions).
-Delivery guarantees are stated in `reading.py`, `writing.py` and `files.py`.
-"""
+The options of each are listed in `DESIGN.md`, "Options"; the delivery guarantees are stated
+in `reading.py`, `writing.py` and `export_sink.py`."""
 
 from __future__ import annotations
 
@@ -31,7 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-    from pipeline.spark.files import ExportBatchWriter, ExportStreamWriter
+    from pipeline.spark.export_sink import ExportBatchWriter, ExportStreamWriter
     from pipeline.spark.reading import SluiceBatchReader, SluiceStreamReader
     from pipeline.spark.writing import SluiceBatchWriter, SluiceStreamWriter
 
@@ -95,12 +84,12 @@ class SluiceExportDataSource(DataSource):
         return EXPORT
 
     def writer(self, schema: StructType, overwrite: bool) -> ExportBatchWriter:
-        from pipeline.spark.files import ExportBatchWriter
+        from pipeline.spark.export_sink import ExportBatchWriter
 
         return ExportBatchWriter(ExportOptions.parse(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ExportStreamWriter:
-        from pipeline.spark.files import ExportStreamWriter
+        from pipeline.spark.export_sink import ExportStreamWriter
 
         return ExportStreamWriter(ExportOptions.parse(self.options))
 

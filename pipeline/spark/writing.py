@@ -1,52 +1,12 @@
 """Writing a DataFrame into a stream: the exactly-once `sluice` sink (batch and streaming).
 
-Rows need a `payload` column (binary or string); a `routing_key` column routes each row, or
-the `routingKey` option gives every row one fixed key (one per edge site). When the rows come
-from the `sluice` source, its `segment`/`offset` columns order the commit and its
-`ingest_time` becomes the transaction's time bounds. Range rows of the source
-(`emit=ranges`) are copied by the task itself, event by event from the source store, so the
-payloads never pass through the JVM (the mirror job does this).
-
-How a micro-batch lands, exactly once:
-
-- each **task** (executor) writes its rows into its own store transaction, flushes it (the
-  events are durable but invisible) and returns the transaction id in its commit message; a
-  task that fails aborts its transaction;
-- the **driver**'s `commit(messages, batchId)` records the batch id with the transaction ids
-  in the batch ledger (`ledger.py`, SQLite next to the checkpoint) in one SQLite transaction,
-  then commits the store transactions in source order — committing twice is a no-op — and
-  marks the batch done.
-
-After a driver crash Spark re-runs the batch: new tasks write new transactions, but the
-ledger already holds batch N, so the earlier transactions are committed (again, harmlessly)
-and the new ones aborted; a batch already done publishes nothing. Per routing key, order is
-kept: a key lives in one source segment, each range is one transaction, and transactions
-commit in (segment, offset) order, one after the other.
-
-Transactions left open by tasks that died with their executor are found through marker
-files (`<state>.open/<txn id>`, written by a task before its first event when it can see the
-state directory) and aborted by the next driver commit.
-
-**`commitMode=driver`** (chosen automatically for a store without `txn_flush`, such as
-Pravega, whose client confirms a transaction's events only inside `commit()`): a task cannot
-hand the driver a transaction that is durable but uncommitted, so tasks hand over their rows
-instead — range rows as ranges (a few bytes each), event rows as payloads (bounded by the
-source's admission control) — and the driver writes the whole batch into ONE transaction:
-
-1. begin the transaction and record its id as batch N's intent in the ledger;
-2. write every handed-over event, in source order, and record the counts and time bounds;
-3. commit (the client awaits every event's acknowledgement, then commits); mark N done.
-
-A batch Spark re-runs finds its intent and asks the store what became of that transaction:
-committing or committed → it is finished (committed again, a no-op) and N marked done;
-open → aborted, and the batch written again under a new transaction; aborted → written again;
-unknown to the store → the sink stops with `UnknownBatchTransaction` rather than guess. Per
-routing key, order is kept: one transaction per batch, written in (segment, offset) order.
-
-A batch write (`df.write.format("sluice")`) is exactly-once only with the `state` and
-`batchId` options (a re-run of the same batch id is then a no-op); without them it commits
-the transactions directly and is at-least-once across a driver crash during commit.
-"""
+Each task writes its rows (or copies its source ranges) into its own store transaction and
+flushes it; the driver's `commit(messages, batchId)` records the batch in the ledger
+(`ledger.py`) and then commits the transactions in source order, so a batch Spark re-runs is
+committed once. With `commitMode=driver` (Pravega, whose client cannot flush a transaction)
+the driver writes the whole batch into one transaction, recorded per attempt. Delivery:
+**exactly-once**, per-key order kept; a batch write without `state` + `batchId` is
+at-least-once. The protocol, crash by crash: `DESIGN.md`, "The `sluice` sink"."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def network(root) -> ExportSource:
     return ExportSource("network", root, ("examples/network",))
 
 
-def test_rates_follow_the_seed_formula_per_interface(paths, nic_export):
+def test_rates_follow_the_spreadsheet_formula_per_interface(paths, nic_export):
     refresh(paths, [network(nic_export)])
     cols, rows = query(
         paths,

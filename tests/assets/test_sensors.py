@@ -13,7 +13,7 @@ from assets.family import family_definitions
 from assets.sensors import evaluate_tails
 from assets.services import evaluate_services
 from pipeline.jobs.mirror import mirror
-from pipeline.jobs.streaming import RunOptions
+from pipeline.jobs.runner import RunOptions
 from tests.assets.conftest import head_text, samples, tail_text, write_events
 
 

@@ -370,7 +370,7 @@ def test_sluice_collect_parses_as_the_service_runs_it(compose):
     cmd = command(services(compose)["collector"])
     args = build_parser().parse_args(cmd[1:])
     assert args.command == "collect"
-    assert args.func.__module__ == "collectors.commands"
+    assert args.func.__module__ == "pipeline.cli.collect"
 
 
 @pytest.mark.parametrize("name", ["sluice-code", "dagster-webserver", "dagster-daemon"])

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline import cli
 from pipeline.jobs.console import ConsoleSpec, console, format_event
-from pipeline.jobs.streaming import RunOptions
+from pipeline.jobs.runner import RunOptions
 
 pytestmark = pytest.mark.spark
 

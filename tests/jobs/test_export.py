@@ -16,7 +16,7 @@ import pytest
 
 from pipeline import cli
 from pipeline.jobs.export import ExportSpec, export
-from pipeline.jobs.streaming import RunOptions
+from pipeline.jobs.runner import RunOptions
 from pipeline.streams import StreamStore
 
 pytestmark = pytest.mark.spark

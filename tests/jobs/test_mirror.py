@@ -10,7 +10,7 @@ import pytest
 from pipeline import cli
 from pipeline.jobs.checkpoint import Checkpoint, CheckpointInUse, CheckpointMismatch, JobIdentity
 from pipeline.jobs.mirror import MirrorSpec, mirror
-from pipeline.jobs.streaming import RunOptions
+from pipeline.jobs.runner import RunOptions
 from pipeline.streams import open_store
 from tests.spark.conftest import fill, per_key_sequences
 
@@ -122,7 +122,7 @@ def test_bad_trigger_is_refused(store_dir, capsys):
 
 
 def test_a_truncated_source_fails_the_job_with_the_stores_message(spark, edge, store_dir, tmp_path):
-    from pipeline.jobs.streaming import JobFailed
+    from pipeline.jobs.runner import JobFailed
 
     uri = f"embedded:{store_dir}"
     fill(edge, "edge/network", 40)

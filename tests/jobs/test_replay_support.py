@@ -1,6 +1,6 @@
 """Helpers for the slice, bookmark and replay tests (no tests here): NIC events in a store.
 
-Each event is one seed-style NetworkSamples JSON batch of one NIC, written in its own
+Each event is one NetworkSamples JSON batch of one NIC (as the NIC collector writes), in its own
 transaction with its time bounds, so `time_cuts` can find it and every event is one block.
 """
 

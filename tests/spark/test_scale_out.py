@@ -1,4 +1,4 @@
-"""The export and a replay on a standalone cluster of a master and two workers (issue 7):
+"""The export and a replay on a standalone cluster of a master and two workers:
 the one setting that switches a job to a cluster is SLUICE_SPARK_MASTER."""
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
-"""The `sluice-export` sink: flattened Parquet (zstd), CSV and JSON-lines files, exactly once.
+"""The driver side of the `sluice-export` sink: publish a batch's staged files, exactly once.
 
-Layout under the output directory (hive-partitioned by the rows' event time, UTC):
-
-    parquet/date=2020-12-30/hour=21/part-b00000042-t0001-f000.parquet
-    csv/date=2020-12-30/hour=21/part-b00000042-t0001-f000.csv        (header row, RFC 4180)
-    jsonl/date=2020-12-30/hour=21/part-b00000042-t0001-f000.jsonl
-    _quarantine/part-b00000042-t0001-f000.parquet                    (raw payload + reason)
-    _staging/                                                        (never read this)
-
-What runs where: each **task** (executor, `staging.py`) flattens its events through the Avro
-plan with msgspec/numpy/pyarrow and writes complete, fsynced files into
-`_staging/<task token>/`; no file there is visible to a reader of the layout above. The
-**driver**'s `commit(messages, batchId)` names the files of the batch
-(`part-b<batch>-t<task>-f<file>`), records that list in the batch ledger (SQLite next to the
-checkpoint) and publishes each file by `rename` into place, then marks the batch done.
-
-Guarantee — exactly-once files: a reader (DuckDB) never sees a partial file (rename is
-atomic), and every sample is in exactly one published file or not yet published. If the
-driver dies mid-publish, the re-run of the batch finds its record in the ledger and finishes
-renaming the same staged files to the same names (a file already in place is left as is);
-a batch already done publishes nothing, and files from a re-run's tasks are discarded. A
-batch's files appear one rename after the other, within milliseconds, not all at one instant.
+Each task (`export_writer.py`) writes complete, fsynced files into `_staging/` and reports
+them (`export_layout.py`). The driver's `commit(messages, batchId)` names them, records the
+list in the batch ledger (`ledger.py`) and publishes each by `rename`, then marks the batch
+done. Exactly-once files: DuckDB never sees a partial file (rename is atomic); a batch re-run
+after a driver crash finds its ledger record and finishes the same renames; a batch already
+done publishes nothing. A batch's files appear one rename after the other, not all at once
+(`DESIGN.md`, "The export sink").
 """
 
 from __future__ import annotations
@@ -29,51 +15,19 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
 from pipeline.durable import fsync_path
 from pipeline.spark.errors import BatchConflict
+from pipeline.spark.export_layout import STAGING, FilesMessage, published_name
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
 from pipeline.spark.options import ExportOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-STAGING = "_staging"
-QUARANTINE = "_quarantine"
-EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    """A complete file in staging: what it holds and where it goes (minus the name)."""
-
-    staged: str
-    kind: str  # parquet | csv | jsonl | quarantine
-    bucket: str  # "date=YYYY-MM-DD/hour=HH" ("" for quarantine)
-    rows: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class FilesMessage(WriterCommitMessage):
-    """One task's staged files and counts."""
-
-    partition: int
-    files: tuple[StagedFile, ...]
-    events: int
-    rows: int
-    quarantined: int
-    min_time_ns: int | None
-    max_time_ns: int | None
 
 
 def files_plan(messages: list[Any], batch_id: int) -> BatchPlan:
@@ -85,10 +39,7 @@ def files_plan(messages: list[Any], batch_id: int) -> BatchPlan:
         numbers: dict[str, int] = {}
         for staged in message.files:
             number = numbers[staged.kind] = numbers.get(staged.kind, -1) + 1
-            ext = EXTENSIONS.get(staged.kind, "parquet")
-            name = f"part-b{batch_id:08d}-t{message.partition:04d}-f{number:03d}.{ext}"
-            top = QUARANTINE if staged.kind == "quarantine" else staged.kind
-            final = "/".join(p for p in (top, staged.bucket, name) if p)
+            final = published_name(staged, batch_id, message.partition, number)
             items.append(
                 {
                     "staged": staged.staged,
@@ -166,7 +117,7 @@ class ExportStreamWriter(DataSourceStreamArrowWriter):
         self.opts = opts
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesMessage:
-        from pipeline.spark.staging import export_task
+        from pipeline.spark.export_writer import export_task
 
         return export_task(self.opts, iterator)
 
@@ -184,7 +135,7 @@ class ExportBatchWriter(DataSourceArrowWriter):
         self.opts = opts
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesMessage:
-        from pipeline.spark.staging import export_task
+        from pipeline.spark.export_writer import export_task
 
         return export_task(self.opts, iterator)
 
@@ -195,4 +146,4 @@ class ExportBatchWriter(DataSourceArrowWriter):
         abort_files(self.opts, messages)
 
 
-__all__ = ["ExportBatchWriter", "ExportStreamWriter", "FilesMessage", "StagedFile"]
+__all__ = ["ExportBatchWriter", "ExportStreamWriter"]

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import cli
-from pipeline.jobs.join import SeriesOutOfOrder, join_tables
-from pipeline.jobs.join_job import JoinJobSpec, SeriesSource, process_batch
+from pipeline.jobs.stream_join import SeriesSource, StreamJoinSpec, process_batch
 from pipeline.schemas import Events, flatten, flatten_plan
+from pipeline.timejoin import SeriesOutOfOrder, join_tables
 from tests.jobs.test_bookmark import events_table
 from tests.jobs.test_replay_support import MS, STREAM, T0, nic_payload, write_event
 
@@ -46,8 +46,8 @@ def parts(output) -> pa.Table:
     return pa.concat_tables(pq.read_table(p) for p in sorted(output.glob("part-*.parquet")))
 
 
-def spec_for(store_dir, output) -> JoinJobSpec:
-    return JoinJobSpec(
+def spec_for(store_dir, output) -> StreamJoinSpec:
+    return StreamJoinSpec(
         SeriesSource.parse(f"{STREAM}#edge1"),
         SeriesSource.parse(f"{STREAM}#edge2"),
         "NetworkSamples",

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import cli
-from pipeline.jobs.join import (
+from pipeline.timejoin import (
     JoinInputError,
     SeriesOutOfOrder,
     StreamingJoin,

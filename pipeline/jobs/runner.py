@@ -1,26 +1,23 @@
 """Running a streaming job: triggers, the `sluice` source, per-batch reports, the summary.
 
-Every streaming job (mirror, export, console, and any job added later) runs the same way:
-
-- `--available-now`: process everything up to the tail as it is at start, in batches sized
-  by admission control, then stop; `--continuous`: a batch every trigger interval, until
-  stopped (Ctrl-C stops the query cleanly after the batch in flight);
-- on the first start the source begins at `--from` (`head`, `tail` or a cut); later starts
-  resume from the checkpoint and ignore `--from`;
-- after each batch one `BatchReport` (cut range, events, rows, quarantined, lag) goes to the
-  `report` callback; the returned `JobSummary` adds them up.
-"""
+Every streaming job runs through `run_query` on its checkpoint: until caught up
+(`--available-now`) or continuously, from `--from` on its first start and from the
+checkpoint after, with one `BatchReport` per batch. A `foreachBatch` job keeps its state
+between batches with `BatchStates`. A job's spec gives its own command line through
+`sluice_run` and `RunOptions.flags()`. The shape of a job: `DESIGN.md`."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.spark.ledger import BatchLedger
 from pipeline.streams import StreamCut
@@ -53,8 +50,38 @@ class RunOptions:
     max_events: int | None = None
     max_bytes: int | None = None
     checkpoint: Path | None = None
-    #: continuous mode only: stop after this long (for tests and scheduled runs)
+    #: continuous mode only: stop after this long (for tests and scheduled runs; no flag)
     stop_after_seconds: float | None = None
+
+    def flags(self) -> list[str]:
+        """The `sluice run` flags that ask for these options (none for a default)."""
+        default, flags = RunOptions(), []
+        if self.mode != default.mode:
+            flags.append(f"--{self.mode}")
+        if self.trigger_seconds != default.trigger_seconds:
+            flags += ["--trigger", f"{flag_number(self.trigger_seconds)}s"]
+        if self.starting != default.starting:
+            flags += ["--from", self.starting]
+        for flag, value in (("--max-events", self.max_events), ("--max-bytes", self.max_bytes)):
+            if value is not None:
+                flags += [flag, str(value)]
+        if self.checkpoint is not None:
+            flags += ["--checkpoint", str(self.checkpoint)]
+        return flags
+
+
+#: How a job runs as a service: continuously, from its checkpoint.
+SERVICE = RunOptions(mode="continuous")
+
+
+def flag_number(value: float) -> str:
+    """A number as a command-line value that parses back to the same float (`50`, `0.25`)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def sluice_run(store: str, job: str, job_flags: list[str], run: RunOptions) -> list[str]:
+    """The argv of `sluice --store STORE run JOB …`: a spec's flags, then the run's."""
+    return ["sluice", "--store", store, "run", job, *job_flags, *run.flags()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,19 +151,72 @@ class JobSource:
     emit: Literal["events", "ranges"] = "events"
 
 
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStates(Generic[S]):
+    """The state a `foreachBatch` job (bookmark, streaming join) carries from batch to batch,
+    one file or directory per batch under `root` (`state-<batch>` + `suffix`).
+
+    Batch N starts from the state of the latest batch before N and, once its output is out,
+    saves its own under N (atomically); a batch whose state exists was done before a crash
+    and is skipped. So a batch Spark re-runs sees the same state, and with idempotent output
+    (deterministic ids or file names) the job is exactly-once. The last two states are kept.
+    """
+
+    root: Path
+    fresh: Callable[[], S]
+    load: Callable[[Path], S]
+    save: Callable[[S, Path], None]
+    suffix: str = ""
+
+    def path(self, batch_id: int) -> Path:
+        return self.root / f"state-{batch_id:012d}{self.suffix}"
+
+    def run(self, batch_id: int, step: Callable[[S], R]) -> R | None:
+        """`step(state)` for batch `batch_id` (it updates the state in place), then save the
+        state; None when the batch was done before."""
+        if self.path(batch_id).exists():
+            return None
+        saved = self._saved()
+        earlier = [p for p in saved if int(p.name[6:18]) < batch_id]
+        state = self.load(earlier[-1]) if earlier else self.fresh()
+        result = step(state)
+        with durable.atomic_path(self.path(batch_id)) as staging:
+            self.save(state, staging)
+        for old in self._saved()[:-2]:
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        return result
+
+    def _saved(self) -> list[Path]:
+        return sorted(self.root.glob(f"state-*{self.suffix}"))
+
+
 def run_query(
     spark: SparkSession,
     checkpoint: Checkpoint,
-    source: JobSource,
-    *,
+    *sources: JobSource,
     run: RunOptions,
     sink: Callable[[DataFrame, Checkpoint], DataStreamWriter],
     report: Callable[[BatchReport], None],
 ) -> tuple[BatchReport, ...]:
     """What every streaming job does on its acquired checkpoint: start at `--from` (first
-    run) or where it stopped, read `source`, write through `sink`, report each batch."""
-    run = resolve_start(checkpoint, run, source.store, source.stream)
-    events = source_frame(spark, source.store, source.stream, run, emit=source.emit)
+    run) or where it stopped, read `sources` (one, or several unioned: the streaming join),
+    write through `sink`, report each batch."""
+    frames = [
+        source_frame(
+            spark, s.store, s.stream, resolve_start(checkpoint, run, s, len(sources)), s.emit
+        )
+        for s in sources
+    ]
+    events = frames[0]
+    for frame in frames[1:]:
+        events = events.unionByName(frame)
     writer = sink(events, checkpoint).option("checkpointLocation", str(checkpoint.spark_dir))
     query = with_trigger(writer, run).start()
     return await_query(
@@ -168,19 +248,24 @@ def source_frame(
     return reader.load()
 
 
-def resolve_start(checkpoint: Checkpoint, run: RunOptions, store: str, stream: str) -> RunOptions:
-    """On a new checkpoint, `--from head|tail` as the cut it stands for now, recorded in the
-    checkpoint so that every report of its first batch can name where it began."""
+def resolve_start(
+    checkpoint: Checkpoint, run: RunOptions, source: JobSource, sources: int = 1
+) -> RunOptions:
+    """On a new checkpoint, `--from head|tail` as the cut it stands for now in `source`; a
+    job of one source records it in the checkpoint, so that every report of its first batch
+    can name where it began."""
     if not checkpoint.is_new:
         return run
     start = run.starting
     if start.lower() in ("head", "tail", "latest"):
         from pipeline.streams import open_store
 
-        with open_store(store) as opened:
-            cut = opened.head(stream) if start.lower() == "head" else opened.tail(stream)
+        with open_store(source.store) as opened:
+            head = start.lower() == "head"
+            cut = opened.head(source.stream) if head else opened.tail(source.stream)
         start = cut.text
-    checkpoint.record_start(start)
+    if sources == 1:
+        checkpoint.record_start(start)
     return replace(run, starting=start)
 
 

@@ -1,7 +1,7 @@
-"""The `sluice` command.
+"""The `sluice` command: one module of this package per command group.
 
-Each area registers its own subcommands: a module named in COMMANDS has
-`register(subparsers)`, which adds parsers whose `func(args) -> int | None` runs the command.
+Each module named in COMMANDS has `register(subparsers)`, which adds parsers whose
+`func(args) -> int | None` runs the command; domain modules export specs and run functions.
 Only the module of the command being run is imported, so `sluice collect` starts on an edge
 box that has neither Spark nor DuckDB, and a command whose dependencies are not installed
 says which install it needs. Errors that Sluice raises on purpose (`SluiceError`) print as
@@ -18,15 +18,15 @@ from pipeline.errors import SluiceError
 
 #: command -> (module that registers it, one-line help). A module may register several.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "store": ("pipeline.streams.commands", "manage streams in the stream store"),
-    "collect": ("collectors.commands", "run the edge collector (exactly-once into a stream)"),
-    "run": ("pipeline.jobs.commands", "run a streaming job (mirror, export, console, …)"),
-    "slices": ("pipeline.jobs.replay_commands", "bookmarked pieces of a stream's history"),
-    "replay": ("pipeline.jobs.replay_commands", "run a model over exactly one slice"),
-    "join": ("pipeline.jobs.replay_commands", "time-series join of two files"),
-    "sql": ("pipeline.analytics.commands", "SQL on the analytics database (DuckDB)"),
-    "plot": ("pipeline.analytics.commands", "charts from the analytics database"),
-    "analytics": ("pipeline.analytics.commands", "the DuckDB analytics database"),
+    "store": ("pipeline.cli.store", "manage streams in the stream store"),
+    "collect": ("pipeline.cli.collect", "run the edge collector (exactly-once into a stream)"),
+    "run": ("pipeline.cli.run", "run a streaming job (mirror, export, console, …)"),
+    "slices": ("pipeline.cli.slices", "bookmarked pieces of a stream's history"),
+    "replay": ("pipeline.cli.replay", "run a model over exactly one slice"),
+    "join": ("pipeline.cli.join", "time-series join of two files"),
+    "sql": ("pipeline.cli.analytics", "SQL on the analytics database (DuckDB)"),
+    "plot": ("pipeline.cli.analytics", "charts from the analytics database"),
+    "analytics": ("pipeline.cli.analytics", "the DuckDB analytics database"),
 }
 
 
@@ -95,7 +95,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

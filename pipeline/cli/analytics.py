@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("plot", help="charts from the analytics database")
     sub = p.add_subparsers(dest="plot_command", required=True, metavar="CHART")
-    r = sub.add_parser("rates", help="PNG scatter of rx/tx Mbit/s over time (seed 000's chart)")
+    r = sub.add_parser("rates", help="PNG scatter (XY) plot of rx/tx Mbit/s per sample over time")
     r.add_argument("stream", metavar="NAME|SCOPE/STREAM", help="an export name or its stream")
     r.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601, e.g. 2026-11-01T00:00Z")
     r.add_argument("--to", dest="end", metavar="TIME")
@@ -85,7 +85,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from pipeline.analytics.table import render
+    from pipeline.cli.table import render
 
     paths, _, _ = _refresh(args)
     columns, rows = query(paths, args.sql)

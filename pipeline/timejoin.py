@@ -1,55 +1,12 @@
-"""The deterministic time-series join of two sensor series (seed 003, done vectorized).
+"""The deterministic time-series join of two sensor series: each record with its nearest
+predecessor and successor in the other series, each pair once, vectorized with numpy.
 
-Semantics (what a pair is)
---------------------------
-Each series is ordered by its time column; records with equal times in one series form a
-*group*. For a record `x` of one series, in the other series:
-
-- its **predecessor** group is the group with the latest time at or before `x.time`;
-- its **successor** group is the group with the earliest time at or after `x.time`.
-
-A left record `l` and a right record `r` form a pair when `r` is in `l`'s predecessor or
-successor group, or `l` is in `r`'s predecessor or successor group (the join is symmetric),
-and, with `max_gap`, when `|l.time - r.time| <= max_gap`. The nearest partner is chosen
-first and then checked against the gap: a nearest partner beyond the gap is no partner,
-farther records are never taken instead. Consequences, spelled out:
-
-- **each pair is emitted exactly once**, however many of the four relations hold;
-- **equal times across the series**: `l.time == r.time` makes them each other's predecessor
-  *and* successor: one pair, not two (seed 003's LocalStreamBuffer emits it twice);
-- **ties inside a series**: every record of the nearest group is a partner (the nearest
-  record is not unique, so none is preferred over another: the result does not depend on
-  how equal-time records happen to be ordered inside a series, except for the row order);
-- **ends of the series**: a record earlier than the whole other series has no predecessor
-  and pairs only with the other series' first group; one later than all of it pairs only
-  with its last group; a record whose other series is empty, or whose nearest partners
-  are all beyond `max_gap`, is in no pair (this is not an outer join: it yields no row,
-  and `JoinResult` counts such unmatched records);
-- **arrival order does not matter**: the pairs are a function of the two series alone.
-  `StreamingJoin` takes the series in batches in any interleaving (each series in time
-  order) and emits exactly the rows of the batch join, in the same order.
-
-Row order
----------
-Rows are ordered by the pair's *completion time*, the later of its two times (the moment a
-streaming join can emit it). Among pairs completing at one instant, first those completed
-by a left record strictly later than its partner (by left row, then right row), then those
-completed by a right record, equal-time pairs included (by right row, then left row). Rows
-of a series are numbered in time order, stable for equal times (file order).
-
-Where it runs: `join_tables` (files: `sluice join`), `StreamingJoin` (incremental; over
-two streams as `sluice run join`, `pipeline/jobs/join_job.py`), and the replay model
-`pipeline.models.join:join` (over a slice).
-
-How
----
-For a record at time `t` whose own series' previous group is at `p`, its partners among
-the earlier-or-equal records of the other series are one contiguous range of that series:
-the records in `(p, t]` (they have it as successor), or, when that range is empty, the
-predecessor group. Two `searchsorted` calls per record find the ranges, `np.repeat` expands
-them, and a stable merge by completion time orders them: O((n + m) log(n + m) + pairs),
-no per-record Python.
-"""
+The join of the Stateful Stream Processor's LocalStreamBuffer
+(<https://github.com/ChristophSchranz/StatefulStreamProcessor>), except that an equal-time
+pair is emitted once. `join_tables` joins two tables (files: `sluice join`), `StreamingJoin`
+takes them in batches and emits the same rows in the same order (`sluice run join`); the
+replay model `pipeline.models.join:join` runs it over a slice. What a pair is, ties, ends,
+row order and how it is computed: `TIMEJOIN.md`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Executor side of the `sluice-export` sink: flatten a task's events into staged files.
+"""The task side of the `sluice-export` sink: flatten a task's events into staged files.
 
 Each task reads its events (rows of the `sluice` source, or its own segment ranges when the
 source emits ranges), flattens them through the Avro plan (`pipeline.schemas.flatten`) and
 writes complete, fsynced files under `<output>/_staging/<task token>/`, rolled at
 `maxRowsPerFile` rows and split by the rows' event hour. Nothing here is visible to readers
-of the output: the driver publishes the files (`files.py`). Kept apart from `files.py` so
-the driver's processes (which only publish) do not import pyarrow, numpy and the flatten.
+of the output: the driver publishes the files (`export_sink.py`). Kept apart from it so the
+driver's processes (which only publish) do not import pyarrow, numpy and the flatten.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from pipeline.durable import fsync_path
 from pipeline.schemas import Events, FlattenPlan, flatten, flatten_plan
-from pipeline.spark.files import EXTENSIONS, STAGING, FilesMessage, StagedFile
+from pipeline.spark.export_layout import EXTENSIONS, STAGING, FilesMessage, StagedFile
 from pipeline.spark.options import ExportOptions
 from pipeline.streams import open_store
 

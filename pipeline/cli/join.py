@@ -1,0 +1,45 @@
+"""`sluice join LEFT RIGHT -o OUT`: the time-series join of two files (`pipeline/timejoin.py`).
+
+The streaming join over two streams is a job: `sluice run join` (`pipeline/cli/run.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "join",
+        help="time-series join of two files: each record with its nearest predecessor and "
+        "successor in the other series",
+        description="Join LEFT and RIGHT (Parquet or CSV files with a time column in seconds): "
+        "each record of either series is paired with the latest record at or before its time "
+        "and the earliest at or after it in the other series; each pair once, in an order "
+        "that does not depend on how the files were written. See pipeline/timejoin.py.",
+    )
+    p.add_argument("left", type=Path, help="left series (.parquet or .csv)")
+    p.add_argument("right", type=Path, help="right series (.parquet or .csv)")
+    p.add_argument("--output", "-o", type=Path, required=True, help="output Parquet file")
+    p.add_argument("--time-column", default="time", help="time column of both files (seconds)")
+    p.add_argument(
+        "--max-gap",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="drop pairs whose times are more than this apart",
+    )
+    p.set_defaults(func=_run_join)
+
+
+def _run_join(args: argparse.Namespace) -> int:
+    from pipeline.timejoin import JoinInputError, join_files
+
+    if args.max_gap is not None and args.max_gap < 0:
+        reason = f"--max-gap must be zero or more seconds, not {args.max_gap}"
+        raise JoinInputError(str(args.left), reason)
+    result = join_files(args.left, args.right, args.output, args.time_column, args.max_gap)
+    print(json.dumps({"output": str(args.output), **result.as_dict()}))
+    return 0

@@ -1,0 +1,70 @@
+"""`sluice slices create|list`: record and list slices of a stream's history (stream-cut pairs).
+
+Slices are also recorded continuously by `sluice run bookmark` (`pipeline/jobs/bookmark.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from pipeline.jobs.slices import DEFAULT_SLICES_STREAM
+
+    p = subparsers.add_parser("slices", help="bookmarked pieces of a stream's history")
+    sub = p.add_subparsers(dest="slices_command", required=True, metavar="ACTION")
+    c = sub.add_parser(
+        "create",
+        help="record the slice of STREAM between two event times",
+        description="Record a slice holding every event whose time bounds meet [--from, --to) "
+        "(times without a zone are UTC). The cuts come from the time bounds writers attach.",
+    )
+    c.add_argument("stream", metavar="SCOPE/STREAM")
+    c.add_argument("--from", dest="start", required=True, metavar="TIME", help="2026-11-01T00:00Z")
+    c.add_argument("--to", dest="end", required=True, metavar="TIME")
+    c.add_argument("--sensor", help="only this sensor (its routing key, or see --sensor-by)")
+    c.add_argument(
+        "--sensor-by",
+        default="routing_key",
+        help="what names a sensor: routing_key, or columns such as RemoteAddr,Interface",
+    )
+    c.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
+    c.set_defaults(func=_run_slices_create)
+    ls = sub.add_parser("list", help="the slices of STREAM")
+    ls.add_argument("stream", metavar="SCOPE/STREAM")
+    ls.add_argument("--json", action="store_true", help="one JSON object per slice")
+    ls.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
+    ls.set_defaults(func=_run_slices_list)
+
+
+def _run_slices_create(args: argparse.Namespace) -> int:
+    from pipeline.jobs.slices import parse_time_ns, record_slices, time_window_slice
+    from pipeline.streams import open_store
+
+    start, end = parse_time_ns(args.start), parse_time_ns(args.end)
+    with open_store(args.store) as store:
+        record = time_window_slice(
+            store, args.stream, start, end, sensor=args.sensor, sensor_by=args.sensor_by
+        )
+        written = record_slices(store, [record], args.slices_stream)
+    status = "created" if written else "exists"
+    print(json.dumps({"status": status, **record.row()}))
+    return 0
+
+
+def _run_slices_list(args: argparse.Namespace) -> int:
+    from pipeline.cli.table import render
+    from pipeline.jobs.slices import list_slices
+    from pipeline.streams import open_store
+
+    with open_store(args.store) as store:
+        records = list_slices(store, args.stream, args.slices_stream)
+    if args.json:
+        for record in records:
+            print(json.dumps(record.row()))
+        return 0
+    columns = ["slice_id", "sensor", "start_time", "end_time", "reason", "created_by"]
+    rows = [[r.row()[c] for c in columns] for r in records]
+    print(render(columns, rows))
+    return 0

@@ -1,0 +1,189 @@
+"""The streaming join job (`sluice run join`): two series from streams, joined as they arrive.
+
+    sluice run join --left examples/machine#r --right examples/machine#s \\
+        --schema NetworkSamples --time-column TimestampNanos --output out/ --available-now
+
+Each side is a stream, optionally one routing key of it, flattened through an Avro schema and
+fed batch by batch to a `StreamingJoin` (`pipeline/timejoin.py`). Delivery: **exactly-once
+pairs** (batch N writes `part-<N>.parquet`, then saves the joiner's state under N). Order
+requirements and what is final when: `DESIGN.md`, "the streaming join"."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import durable
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.runner import (
+    SERVICE,
+    BatchReport,
+    BatchStates,
+    JobSource,
+    JobSummary,
+    RunOptions,
+    flag_number,
+    run_query,
+    sluice_run,
+)
+from pipeline.timejoin import JoinInputError, Side, StreamingJoin
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
+
+    from pipeline.schemas import FlattenPlan
+
+NS = 1_000_000_000
+TIME_COLUMN = "TimestampNanos"
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesSource:
+    """A stream, and optionally the one routing key that is the series."""
+
+    stream: str
+    routing_key: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SeriesSource:
+        stream, _, key = text.partition("#")
+        return cls(stream, key or None)
+
+    @property
+    def text(self) -> str:
+        """`STREAM#KEY` (or `STREAM`), as `parse` reads it."""
+        return self.stream if self.routing_key is None else f"{self.stream}#{self.routing_key}"
+
+    def select(self, events: pa.Table) -> pa.Table:
+        mask = pc.equal(events["stream"], self.stream)
+        if self.routing_key is not None:
+            mask = pc.and_(mask, pc.equal(events["routing_key"], self.routing_key))
+        return events.filter(mask)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamJoinSpec:
+    """The two series, their schema, and the directory of Parquet parts (made absolute)."""
+
+    left: SeriesSource
+    right: SeriesSource
+    schema: str
+    store: str
+    output: Path
+    time_column: str = TIME_COLUMN
+    max_gap_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output", Path(self.output).absolute())
+
+    def command_line(self, run: RunOptions = SERVICE) -> list[str]:
+        """The `sluice run join …` argv that runs exactly this spec."""
+        flags = ["--left", self.left.text, "--right", self.right.text, "--schema", self.schema]
+        if self.time_column != TIME_COLUMN:
+            flags += ["--time-column", self.time_column]
+        if self.max_gap_seconds is not None:
+            flags += ["--max-gap", flag_number(self.max_gap_seconds)]
+        flags += ["--output", str(self.output)]
+        return sluice_run(self.store, "join", flags, run)
+
+
+def _gap_in_units(plan: FlattenPlan, spec: StreamJoinSpec) -> float | None:
+    """`--max-gap` seconds in the time column's unit (ns for `*Nanos`, else seconds)."""
+    if spec.max_gap_seconds is None:
+        return None
+    if plan.time is not None and plan.time.name == spec.time_column:
+        return spec.max_gap_seconds * NS / plan.time.ns_per_unit
+    return spec.max_gap_seconds
+
+
+def _series_rows(plan: FlattenPlan, events: pa.Table, time_column: str) -> pa.Table:
+    """Flattened rows of one side's events, in time order (stable: stream order for ties)."""
+    from pipeline.schemas import Events, flatten
+
+    rows = flatten(plan, Events.from_arrow(events)).rows
+    order = np.argsort(rows[time_column].to_numpy(), kind="stable")
+    return rows.take(pa.array(order))
+
+
+def process_batch(
+    spec: StreamJoinSpec, plan: FlattenPlan, root: Path, batch_id: int, events: pa.Table
+) -> int:
+    """Feed one micro-batch to the joiner; write its final pairs; return how many."""
+    events = events.sort_by(
+        [("stream", "ascending"), ("segment", "ascending"), ("offset", "ascending")]
+    )
+
+    def step(joiner: StreamingJoin) -> int:
+        parts = []
+        sides: tuple[tuple[Side, SeriesSource], ...] = (("left", spec.left), ("right", spec.right))
+        for side, source in sides:
+            out = joiner.push(side, _series_rows(plan, source.select(events), spec.time_column))
+            if out is not None:
+                parts.append(out)
+        if not parts:
+            return 0
+        rows = pa.concat_tables(parts)
+        _publish(spec.output, batch_id, rows)
+        return rows.num_rows
+
+    gap = _gap_in_units(plan, spec)
+    states = BatchStates(
+        root,
+        fresh=lambda: StreamingJoin(spec.time_column, gap),
+        load=StreamingJoin.load,
+        save=lambda joiner, path: joiner.save(path),
+    )
+    # A batch done before a crash has its part file published already.
+    return states.run(batch_id, step) or 0
+
+
+def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
+    import pyarrow.parquet as pq
+
+    with durable.atomic_path(output / f"part-{batch_id:012d}.parquet") as staging:
+        pq.write_table(rows, staging, compression="zstd")
+
+
+def _foreach(spec: StreamJoinSpec, root: Path) -> Callable[[DataFrame, int], None]:
+    from pipeline.schemas import flatten_plan
+
+    plan = flatten_plan(spec.schema)
+    if spec.time_column not in plan.arrow_schema.names:
+        reason = f"schema {spec.schema} has no column {spec.time_column!r}"
+        raise JoinInputError(spec.left.stream, reason)
+
+    def run_batch(batch: DataFrame, batch_id: int) -> None:
+        process_batch(spec, plan, root, batch_id, batch.toArrow())
+
+    return run_batch
+
+
+def join_streams(
+    spark: SparkSession,
+    spec: StreamJoinSpec,
+    run: RunOptions,
+    report: Callable[[BatchReport], None] = lambda _: None,
+) -> JobSummary:
+    """Run the join job (see the module doc) until caught up or stopped."""
+    sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
+        spec.right.routing_key
+    )
+    identity = JobIdentity("join", f"{spec.store}#{sources}", str(spec.output))
+    root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
+
+    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
+        process = _foreach(spec, checkpoint.root / "join")
+        return events.writeStream.foreachBatch(process).queryName(f"join {sources}")
+
+    with Checkpoint(root, identity) as checkpoint:
+        streams = dict.fromkeys([spec.left.stream, spec.right.stream])
+        inputs = [JobSource(spec.store, stream) for stream in streams]
+        batches = run_query(spark, checkpoint, *inputs, run=run, sink=sink, report=report)
+        return JobSummary("join", str(checkpoint.root), batches, {"output": str(spec.output)})

@@ -1,0 +1,53 @@
+"""The export's files: where each kind goes, and what a task tells the driver about them.
+
+    parquet/date=2020-12-30/hour=21/part-b00000042-t0001-f000.parquet
+    csv/date=2020-12-30/hour=21/part-b00000042-t0001-f000.csv        (header row, RFC 4180)
+    jsonl/date=2020-12-30/hour=21/part-b00000042-t0001-f000.jsonl
+    _quarantine/part-b00000042-t0001-f000.parquet                    (raw payload + reason)
+    _staging/                                                        (never read this)
+
+Shared by the task side (`export_writer.py`, which stages files) and the driver side
+(`export_sink.py`, which publishes them); light on purpose: the driver unpickles these messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+STAGING = "_staging"
+QUARANTINE = "_quarantine"
+EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A complete file in staging: what it holds and where it goes (minus the name)."""
+
+    staged: str
+    kind: str  # parquet | csv | jsonl | quarantine
+    bucket: str  # "date=YYYY-MM-DD/hour=HH" ("" for quarantine)
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class FilesMessage(WriterCommitMessage):
+    """One task's staged files and counts."""
+
+    partition: int
+    files: tuple[StagedFile, ...]
+    events: int
+    rows: int
+    quarantined: int
+    min_time_ns: int | None
+    max_time_ns: int | None
+
+
+def published_name(staged: StagedFile, batch_id: int, partition: int, number: int) -> str:
+    """Where a staged file is published, relative to the output directory."""
+    ext = EXTENSIONS.get(staged.kind, "parquet")
+    name = f"part-b{batch_id:08d}-t{partition:04d}-f{number:03d}.{ext}"
+    top = QUARANTINE if staged.kind == "quarantine" else staged.kind
+    return "/".join(p for p in (top, staged.bucket, name) if p)

@@ -1,0 +1,118 @@
+"""Each job spec's command line, parsed by the real `sluice run` parser, gives the spec back.
+
+This is what lets Dagster print a service command (`assets/catch_up.py`, `assets/slices.py`)
+that runs exactly the spec its assets run, on the same checkpoint. No Spark is started.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import build_parser
+from pipeline.cli.run import job_spec, run_options
+from pipeline.jobs.bookmark import BookmarkError, BookmarkSpec, Condition
+from pipeline.jobs.console import ConsoleSpec
+from pipeline.jobs.export import ExportSpec
+from pipeline.jobs.mirror import MirrorSpec
+from pipeline.jobs.runner import SERVICE, RunOptions
+from pipeline.jobs.stream_join import SeriesSource, StreamJoinSpec
+
+EDGE, CLOUD = "embedded:/srv/edge", "pravega://cloud:9090"
+OUT = Path("/srv/out")
+
+SPECS = {
+    "mirror": MirrorSpec("edge/network", "site-1/network", EDGE, CLOUD),
+    "mirror, every option": MirrorSpec(
+        "edge/network", "site-1/network", EDGE, EDGE, "site 1", commit_mode="driver"
+    ),
+    "export": ExportSpec("cloud/network", "NetworkSamples", OUT, CLOUD),
+    "export, every option": ExportSpec(
+        "cloud/network",
+        "/schemas/My Samples.avsc",
+        OUT,
+        CLOUD,
+        formats=("jsonl", "parquet"),
+        max_rows_per_file=5_000,
+        time_field="TimestampNanos",
+    ),
+    "console": ConsoleSpec("edge/network", EDGE),
+    "console, every option": ConsoleSpec("edge/network", EDGE, max_chars=1000),
+    "bookmark": BookmarkSpec(
+        "cloud/network", "NetworkSamples", CLOUD, (Condition("burst", value=50.0),)
+    ),
+    "bookmark, every option": BookmarkSpec(
+        "cloud/network",
+        "NetworkSamples",
+        CLOUD,
+        (
+            Condition("predicate", predicate="tests.jobs.test_bookmark:early_rx"),
+            Condition("above", field="RxBytes", value=1e12),
+            Condition("burst", value=12.5),
+            Condition("below", field="value", value=-0.1),
+            Condition("below", field="TxBytes", value=3.0),
+        ),
+        sensor_by="RemoteAddr,Interface",
+        slices_stream="cloud/my-slices",
+        name="bookmark network",
+    ),
+    "join": StreamJoinSpec(
+        SeriesSource("examples/machine", "r"), SeriesSource("examples/machine", "s"),
+        "NetworkSamples", EDGE, OUT,
+    ),
+    "join, every option": StreamJoinSpec(
+        SeriesSource("examples/left"), SeriesSource("examples/right", "key #2"),
+        "NetworkSamples", EDGE, OUT / "pairs", time_column="time", max_gap_seconds=0.25,
+    ),
+}  # fmt: skip
+
+RUNS = {
+    "service": SERVICE,
+    "defaults": RunOptions(),
+    "every option": RunOptions(
+        mode="continuous",
+        trigger_seconds=0.5,
+        starting="tail",
+        max_events=1000,
+        max_bytes=1 << 20,
+        checkpoint=Path("/srv/checkpoints/a b"),
+    ),
+}
+
+
+def parse(argv: list[str]):
+    assert argv[0] == "sluice"
+    args = build_parser("run").parse_args(argv[1:])
+    return job_spec(args), run_options(args)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_a_spec_survives_its_command_line(name):
+    spec = SPECS[name]
+    assert parse(spec.command_line()) == (spec, SERVICE)
+
+
+@pytest.mark.parametrize("run", RUNS.values(), ids=RUNS)
+def test_run_options_survive_the_command_line(run):
+    assert parse(SPECS["mirror"].command_line(run)) == (SPECS["mirror"], run)
+
+
+def test_a_service_command_names_the_store_first_and_runs_continuously():
+    argv = SPECS["mirror"].command_line()
+    assert argv[:5] == ["sluice", "--store", EDGE, "run", "mirror"]
+    assert argv[-1] == "--continuous"
+
+
+def test_a_relative_join_output_is_made_absolute_as_the_command_line_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = StreamJoinSpec(SeriesSource("a/b"), SeriesSource("a/c"), "S", EDGE, Path("out"))
+    assert spec.output == tmp_path / "out"
+    assert parse(spec.command_line())[0] == spec
+
+
+def test_two_burst_conditions_have_no_command_line():
+    twice = (Condition("burst", value=1.0), Condition("burst", value=2.0))
+    spec = BookmarkSpec("cloud/network", "NetworkSamples", CLOUD, twice)
+    with pytest.raises(BookmarkError, match="the command line takes one burst condition"):
+        spec.command_line()

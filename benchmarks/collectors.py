@@ -42,9 +42,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from collectors.config import load_config  # noqa: E402
 from collectors.failpoints import Failpoints  # noqa: E402
 from collectors.service import run_service  # noqa: E402
+from collectors.settings import load_settings  # noqa: E402
 from pipeline.streams import open_store  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -220,9 +220,9 @@ def bench_generator(work: Path, samples: int, per_event: int) -> dict:
         max_samples = {samples}
         """,
     )
-    config = load_config(config_path, {}, "unused", work)
+    settings = load_settings(config_path, {}, "unused", work)
     cpu0, started = time.process_time(), time.perf_counter()
-    run_service(config, Failpoints(), threading.Event(), install_signals=False)
+    run_service(settings, Failpoints(), threading.Event(), install_signals=False)
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu0
     with open_store(f"embedded:{store_dir}") as store:
         seen = 0

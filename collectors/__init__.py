@@ -5,7 +5,7 @@ reordered across crashes, power cuts and store outages.
     sluice collect [--config collector.toml]     # run every configured instance
     sluice collect status                        # buffer depth, last committed sample, lag
 
-Layout: `config.py` (+ `settings.py`, `psc_env.py`: collector.toml and the Pravega Sensor
+Layout: `settings.py` (+ `options.py`, `psc_env.py`: collector.toml and the Pravega Sensor
 Collector's environment variables), `buffer.py` / `state.py` (the SQLite buffer and its
 schema), `coordinator.py` (the two-phase commit), `sender.py` (retries, backoff),
 `instance.py` / `service.py` (threads, signals, draining), `status.py`, `drivers/` (nic,

@@ -13,7 +13,8 @@ import logging
 import os
 from pathlib import Path
 
-from collectors.config import CollectorConfig, load_config
+from collectors.settings import CollectorSettings as CollectorConfig
+from collectors.settings import load_settings as load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -63,9 +63,9 @@ from collections.abc import Sequence
 from typing import Literal
 
 from collectors.buffer import Buffer
-from collectors.config import InstanceConfig, TxnProtocol
 from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
+from collectors.settings import InstanceSettings, TxnProtocol
 from collectors.state import BufferedEvent, TxnRecord
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound
 
@@ -75,17 +75,17 @@ log = logging.getLogger(__name__)
 Protocol = Literal["flush", "commit"]
 
 
-def choose_protocol(config: InstanceConfig, store: StreamStore) -> Protocol:
+def choose_protocol(settings: InstanceSettings, store: StreamStore) -> Protocol:
     """`txn_protocol` for this store: `auto` is `flush` where transactions can be flushed."""
-    setting: TxnProtocol = config.txn_protocol
+    setting: TxnProtocol = settings.txn_protocol
     can_flush = "txn_flush" in store.features
     if setting == "auto":
         return "flush" if can_flush else "commit"
     if setting == "flush" and not can_flush:
-        where = f"instance {config.name}"
+        where = f"instance {settings.name}"
         problem = (
             f"txn_protocol = 'flush' needs a store that can flush transactions, and "
-            f"{config.store} cannot"
+            f"{settings.store} cannot"
         )
         raise ConfigError(where, problem, 'set txn_protocol = "commit" (or "auto")')
     return setting
@@ -95,13 +95,13 @@ class TransactionCoordinator:
     """Moves batches from one instance's buffer into its stream, exactly once."""
 
     def __init__(
-        self, store: StreamStore, buffer: Buffer, config: InstanceConfig, failpoints: Failpoints
+        self, store: StreamStore, buffer: Buffer, settings: InstanceSettings, failpoints: Failpoints
     ) -> None:
         self.store = store
         self.buffer = buffer
-        self.config = config
+        self.settings = settings
         self.failpoints = failpoints
-        self.protocol = choose_protocol(config, store)
+        self.protocol = choose_protocol(settings, store)
         # Committed in the store, not yet forgotten in the buffer (see `send_batch`).
         self._committed: TxnRecord | None = None
 
@@ -130,13 +130,15 @@ class TransactionCoordinator:
 
     def send_batch(self) -> int:
         """Send the oldest queued events as one stream transaction; return how many."""
-        batch = self.buffer.next_batch(self.config.max_events_per_txn, self.config.max_txn_bytes)
+        batch = self.buffer.next_batch(
+            self.settings.max_events_per_txn, self.settings.max_txn_bytes
+        )
         if not batch:
             self.forget_committed()
             return 0
         self.failpoints.hit("sender.before_begin")
         txn = self.store.begin_transaction(
-            self.config.stream, lease_seconds=self.config.txn_lease_seconds
+            self.settings.stream, lease_seconds=self.settings.txn_lease_seconds
         )
         if self.protocol == "flush":
             self._send_flushed(txn, batch)
@@ -149,7 +151,7 @@ class TransactionCoordinator:
         self._record_open(txn)
         self._write(txn, batch, flush=True)
         self.failpoints.hit("sender.after_flush")
-        record = self.buffer.mark_ready(txn.txn_id, self.config.stream, batch)
+        record = self.buffer.mark_ready(txn.txn_id, self.settings.stream, batch)
         self.failpoints.hit("sender.after_ready")
         self._commit_recorded(record, txn)
 
@@ -170,7 +172,7 @@ class TransactionCoordinator:
             log.warning(
                 "%s: the store aborted transaction %s before it committed (%s): its %d events "
                 "go back to the queue and will be sent again in a new transaction",
-                self.config.name,
+                self.settings.name,
                 txn.txn_id,
                 exc.reason,
                 record.events,
@@ -183,7 +185,7 @@ class TransactionCoordinator:
     def _record_open(self, txn: Transaction, batch: Sequence[BufferedEvent] = ()) -> TxnRecord:
         """Record `txn` as open (with `batch` under the commit protocol), forgetting the
         last committed transaction in the same SQLite commit."""
-        record = self.buffer.record_open(txn.txn_id, self.config.stream, self._committed, batch)
+        record = self.buffer.record_open(txn.txn_id, self.settings.stream, self._committed, batch)
         if self._committed is not None:
             self._committed = None
             self.failpoints.hit("sender.after_forget")
@@ -208,7 +210,7 @@ class TransactionCoordinator:
         try:
             txn.abort()
         except Exception as exc:  # the original error is the one worth raising
-            log.warning("%s: could not abort %s yet (%s)", self.config.name, txn.txn_id, exc)
+            log.warning("%s: could not abort %s yet (%s)", self.settings.name, txn.txn_id, exc)
             return
         self.buffer.drop_open(txn.txn_id)
 
@@ -217,7 +219,7 @@ class TransactionCoordinator:
             self.store.get_transaction(record.stream, record.txn_id).abort()
         except (TxnNotFound, TxnFailed):
             pass  # never reached the store, or already aborted: nothing of it is visible
-        log.info("%s: aborted unfinished transaction %s", self.config.name, record.txn_id)
+        log.info("%s: aborted unfinished transaction %s", self.settings.name, record.txn_id)
         self.buffer.drop_open(record.txn_id)
 
     def _commit_recorded(self, record: TxnRecord, txn: Transaction | None = None) -> None:
@@ -231,7 +233,7 @@ class TransactionCoordinator:
             log.warning(
                 "%s: the store aborted transaction %s (%s): its %d events go back to the queue "
                 "and will be sent again in a new transaction",
-                self.config.name,
+                self.settings.name,
                 record.txn_id,
                 exc.reason,
                 record.events,
@@ -264,7 +266,7 @@ class TransactionCoordinator:
             txn.abort()  # it never committed: nothing of it is visible, nor will be
         log.info(
             "%s: transaction %s did not commit (%s): its %d events go back to the queue",
-            self.config.name,
+            self.settings.name,
             record.txn_id,
             state,
             record.events,
@@ -272,7 +274,7 @@ class TransactionCoordinator:
         self.buffer.drop_open(record.txn_id)
 
     def _forget_recommitted(self, record: TxnRecord) -> None:
-        log.info("%s: committed recorded transaction %s", self.config.name, record.txn_id)
+        log.info("%s: committed recorded transaction %s", self.settings.name, record.txn_id)
         self.buffer.forget(record, recommitted=True)
         self.failpoints.hit("sender.after_forget")
 
@@ -289,6 +291,6 @@ class TransactionCoordinator:
             f"(buffer ids {record.first_id}..{record.last_id}) may or may not be in "
             f"{record.stream}; they are kept, not re-sent"
         )
-        log.error("%s: %s", self.config.name, note)
+        log.error("%s: %s", self.settings.name, note)
         self.buffer.mark_doubtful(record, note)
         self.buffer.record_error("sender", note)

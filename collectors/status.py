@@ -18,7 +18,7 @@ from pathlib import Path
 
 from collectors.batch import format_timestamp
 from collectors.buffer import PROMISED_UP_TO
-from collectors.config import CollectorConfig, InstanceConfig
+from collectors.settings import CollectorSettings, InstanceSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,12 @@ class InstanceStatus:
         return asdict(self)
 
 
-def collect_status(config: CollectorConfig, now_ns: int | None = None) -> list[InstanceStatus]:
+def collect_status(settings: CollectorSettings, now_ns: int | None = None) -> list[InstanceStatus]:
     now_ns = now_ns or time.time_ns()
-    return [instance_status(inst, now_ns) for inst in config.instances]
+    return [instance_status(inst, now_ns) for inst in settings.instances]
 
 
-def instance_status(inst: InstanceConfig, now_ns: int) -> InstanceStatus:
+def instance_status(inst: InstanceSettings, now_ns: int) -> InstanceStatus:
     base = {
         "name": inst.name,
         "driver": inst.driver,

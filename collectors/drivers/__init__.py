@@ -2,9 +2,9 @@
 
 A driver module provides:
 
-- `parse_options(reader: SettingsReader) -> Options`: read and check its own settings
+- `parse_options(reader: OptionsReader) -> Options`: read and check its own settings
   (no side effects; runs while the whole configuration is validated);
-- `create(instance: InstanceConfig) -> Driver`: check the outside world (the interface,
+- `create(instance: InstanceSettings) -> Driver`: check the outside world (the interface,
   device, directories or broker exist) and return a driver, or raise `DriverError`;
 - the `Driver` it returns has `run(ctx: DriverContext)`, which samples until `ctx.stop` is
   set (or its source is exhausted) and hands batches to `ctx.append`.

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch
-from collectors.config import InstanceConfig
 from collectors.errors import DriverError
 from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
+from collectors.options import OptionsReader
+from collectors.settings import InstanceSettings
 
 RECORD = struct.Struct("<bbb5xq")
 RECORD_SIZE = RECORD.size  # 16
@@ -51,12 +51,12 @@ class Options:
     sysfs_dir: Path
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     return Options(device_file=r.path("device_file"), sysfs_dir=r.path("sysfs_dir"))
 
 
-def create(config: InstanceConfig) -> AccelerometerDriver:
-    options: Options = config.options
+def create(settings: InstanceSettings) -> AccelerometerDriver:
+    options: Options = settings.options
     scales = []
     for axis in AXES:
         path = options.sysfs_dir / f"in_accel_{axis}_scale"
@@ -64,22 +64,22 @@ def create(config: InstanceConfig) -> AccelerometerDriver:
             scales.append(float(path.read_text().split()[0]))
         except (OSError, ValueError, IndexError) as exc:
             problem = f"cannot read the {axis} scale from {path}: {exc}"
-            raise DriverError(config.name, "accelerometer", problem) from None
+            raise DriverError(settings.name, "accelerometer", problem) from None
     if not options.device_file.exists():
         problem = f"device file {options.device_file} does not exist"
-        raise DriverError(config.name, "accelerometer", problem)
-    return AccelerometerDriver(config, tuple(scales))
+        raise DriverError(settings.name, "accelerometer", problem)
+    return AccelerometerDriver(settings, tuple(scales))
 
 
 class AccelerometerDriver:
     """Reads 16-byte IIO records, scales them, batches them into events."""
 
-    def __init__(self, config: InstanceConfig, scales: tuple[float, ...]) -> None:
-        self.config = config
-        self.options: Options = config.options
+    def __init__(self, settings: InstanceSettings, scales: tuple[float, ...]) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
         self.scales = scales
         self.is_fifo = stat.S_ISFIFO(os.stat(self.options.device_file).st_mode)
-        self.constants = {"RemoteAddr": config.routing_key or ""}
+        self.constants = {"RemoteAddr": settings.routing_key or ""}
 
     def run(self, ctx: DriverContext) -> None:
         batch = ColumnBatch(("X", "Y", "Z"), self.constants)
@@ -94,13 +94,13 @@ class AccelerometerDriver:
                     fd = self._after_eof(fd, ctx)
                     continue
                 partial = self._decode(partial + data, batch)
-                while len(batch) >= self.config.samples_per_event:
-                    taken = batch.detach(self.config.samples_per_event)
-                    ctx.append(taken.take_events(self.config.routing_key))
+                while len(batch) >= self.settings.samples_per_event:
+                    taken = batch.detach(self.settings.samples_per_event)
+                    ctx.append(taken.take_events(self.settings.routing_key))
         finally:
             os.close(fd)
         if len(batch):
-            ctx.append(batch.take_events(self.config.routing_key))
+            ctx.append(batch.take_events(self.settings.routing_key))
         if partial:
             ctx.log.warning("stopped with %d bytes of an incomplete record", len(partial))
 

@@ -43,11 +43,11 @@ from typing import Literal
 
 from collectors.batch import encode_json
 from collectors.buffer import Appended
-from collectors.config import InstanceConfig
 from collectors.drivers.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
 from collectors.errors import DriverError
 from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
+from collectors.options import OptionsReader
+from collectors.settings import InstanceSettings
 from collectors.state import PendingEvent
 
 EVENTS_PER_COMMIT = 100
@@ -97,7 +97,7 @@ class FileRecord:
         return (self.size, self.mtime_ns, self.inode) == (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     kind = r.choice("format", ("csv", "parquet"), "csv")
     time_column = r.text("time_column", None)
     table = TableFormat(
@@ -123,22 +123,22 @@ def parse_options(r: SettingsReader) -> Options:
     )
 
 
-def create(config: InstanceConfig) -> FilesDriver:
-    options: Options = config.options
+def create(settings: InstanceSettings) -> FilesDriver:
+    options: Options = settings.options
     for directory in options.directories:
         if not directory.is_dir():
             problem = f"directory {directory} does not exist (set directories / FILE_SPEC)"
-            raise DriverError(config.name, "files", problem)
-    return FilesDriver(config)
+            raise DriverError(settings.name, "files", problem)
+    return FilesDriver(settings)
 
 
 class FilesDriver:
     """Scans directories and ingests each settled file exactly once."""
 
-    def __init__(self, config: InstanceConfig) -> None:
-        self.config = config
-        self.options: Options = config.options
-        default_failed = config.buffer_file.parent / f"{config.name}.failed"
+    def __init__(self, settings: InstanceSettings) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
+        default_failed = settings.buffer_file.parent / f"{settings.name}.failed"
         self.failed_dir = self.options.failed_dir or default_failed
 
     def run(self, ctx: DriverContext) -> None:
@@ -222,7 +222,7 @@ class FilesDriver:
             self._completed(ctx, path)
 
     def _events(self, path: Path, st: os.stat_result, start: int) -> Iterator[PendingEvent]:
-        per_event = self.config.samples_per_event
+        per_event = self.settings.samples_per_event
         batch: list[dict] = []
         times: list[int] = []
         for row, time_ns in rows(path, self.options.table, start):
@@ -236,7 +236,7 @@ class FilesDriver:
 
     def _event(self, batch: list[dict], times: list[int]) -> PendingEvent:
         payload = encode_json(batch)
-        return PendingEvent(payload, self.config.routing_key, min(times), max(times), len(batch))
+        return PendingEvent(payload, self.settings.routing_key, min(times), max(times), len(batch))
 
     def _commit(
         self, ctx: DriverContext, events: list[PendingEvent], state: FileRecord, done: bool
@@ -288,7 +288,7 @@ class FilesDriver:
         self.failed_dir.mkdir(parents=True, exist_ok=True)
         target = _free_name(self.failed_dir / path.name)
         note = target.with_name(target.name + ".reason.txt")
-        note.write_text(f"{path}\n{reason}\ninstance {self.config.name}, {time.ctime()}\n")
+        note.write_text(f"{path}\n{reason}\ninstance {self.settings.name}, {time.ctime()}\n")
         try:
             _move(path, self.failed_dir, target)
         except FileNotFoundError:

@@ -46,10 +46,10 @@ from typing import Any
 
 from collectors.batch import columns_to_events
 from collectors.buffer import Appended
-from collectors.config import InstanceConfig
 from collectors.errors import DriverError
 from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
+from collectors.options import OptionsReader
+from collectors.settings import InstanceSettings
 from collectors.state import PendingEvent
 from pipeline.streams import MAX_EVENT_SIZE
 
@@ -83,7 +83,7 @@ class Received:
     session: int  # which connection it came on: a PUBACK only means something on that one
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     topics = r.texts("topics")
     for topic in topics:
         if "#" in topic[:-1] or any("+" in p and p != "+" for p in topic.split("/")):
@@ -108,21 +108,21 @@ def parse_options(r: SettingsReader) -> Options:
     )
 
 
-def create(config: InstanceConfig) -> MqttDriver:
-    options: Options = config.options
+def create(settings: InstanceSettings) -> MqttDriver:
+    options: Options = settings.options
     if options.ca_file is not None and not options.ca_file.is_file():
-        raise DriverError(config.name, "mqtt", f"ca_file {options.ca_file} does not exist")
-    return MqttDriver(config)
+        raise DriverError(settings.name, "mqtt", f"ca_file {options.ca_file} does not exist")
+    return MqttDriver(settings)
 
 
 class MqttDriver:
     """A paho client on its own network thread; this thread batches, buffers and acks."""
 
-    def __init__(self, config: InstanceConfig) -> None:
-        self.config = config
-        self.options: Options = config.options
-        self.client_id = self.options.client_id or f"sluice-{socket.gethostname()}-{config.name}"
-        self.constants = {"RemoteAddr": config.routing_key or ""}
+    def __init__(self, settings: InstanceSettings) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
+        self.client_id = self.options.client_id or f"sluice-{socket.gethostname()}-{settings.name}"
+        self.constants = {"RemoteAddr": settings.routing_key or ""}
         self.inbox: queue.Queue[Received] = queue.Queue(maxsize=10_000)
         self.session = 0
         self.closing = threading.Event()
@@ -185,7 +185,7 @@ class MqttDriver:
         pending: list[Received] = []
         first_at = 0.0
         max_delay = self.options.max_delay_ms / 1000.0
-        limit = min(self.config.samples_per_event, self.options.max_inflight)
+        limit = min(self.settings.samples_per_event, self.options.max_inflight)
         while ctx.running:
             wait = 0.25 if not pending else max(0.0, first_at + max_delay - time.monotonic())
             try:
@@ -209,7 +209,7 @@ class MqttDriver:
                 "Topic": [m.topic for m, _ in good],
                 "Payload": [value for _, value in good],
             }
-            events = columns_to_events(columns, self.constants, self.config.routing_key)
+            events = columns_to_events(columns, self.constants, self.settings.routing_key)
 
         def quarantine(c: Any) -> None:
             for message, reason in bad:

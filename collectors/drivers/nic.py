@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch, camel_case
-from collectors.config import InstanceConfig
 from collectors.drivers.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
 from collectors.errors import DriverError
 from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
+from collectors.options import OptionsReader
+from collectors.settings import InstanceSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class Options:
     realtime_priority: int
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     statistics = r.texts("statistics", ("rx_bytes", "tx_bytes"))
     for name in statistics:
         if not name.replace("_", "").isalnum() or len(set(statistics)) != len(statistics):
@@ -71,15 +71,15 @@ def parse_options(r: SettingsReader) -> Options:
     )
 
 
-def _priority(r: SettingsReader) -> int:
+def _priority(r: OptionsReader) -> int:
     priority = r.integer("realtime_priority", 0, minimum=0)
     if priority > 99:
         r.fail("realtime_priority", "must be 0 (off) or a SCHED_FIFO priority from 1 to 99")
     return priority
 
 
-def create(config: InstanceConfig) -> NicDriver:
-    options: Options = config.options
+def create(settings: InstanceSettings) -> NicDriver:
+    options: Options = settings.options
     stats_dir = options.sysfs_root / options.interface / "statistics"
     if not stats_dir.is_dir():
         found = sorted(p.name for p in options.sysfs_root.glob("*")) or ["none"]
@@ -87,28 +87,28 @@ def create(config: InstanceConfig) -> NicDriver:
             f"network interface {options.interface!r} not found (no {stats_dir}); "
             f"interfaces here: {', '.join(found)}"
         )
-        raise DriverError(config.name, "nic", problem)
+        raise DriverError(settings.name, "nic", problem)
     for name in options.statistics:
         path = stats_dir / name
         try:
             int(path.read_text())
         except (OSError, ValueError) as exc:
             problem = f"cannot read statistic {name!r} of {options.interface} ({path}): {exc}"
-            raise DriverError(config.name, "nic", problem) from None
-    return NicDriver(config, stats_dir)
+            raise DriverError(settings.name, "nic", problem) from None
+    return NicDriver(settings, stats_dir)
 
 
 class NicDriver:
     """Runs the sampling process and batches its records into events."""
 
-    def __init__(self, config: InstanceConfig, stats_dir: Path) -> None:
-        self.config = config
-        self.options: Options = config.options
+    def __init__(self, settings: InstanceSettings, stats_dir: Path) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
         self.stats_dir = stats_dir
         self.priority = self.options.realtime_priority
         self.columns = [camel_case(name) for name in self.options.statistics]
         self.constants = {
-            "RemoteAddr": config.routing_key or "",
+            "RemoteAddr": settings.routing_key or "",
             "Interface": self.options.interface,
         }
 
@@ -119,7 +119,7 @@ class NicDriver:
             if error is None or not self._wait_for_interface(ctx, error):
                 break
         if len(batch):
-            ctx.append(batch.take_events(self.config.routing_key))
+            ctx.append(batch.take_events(self.settings.routing_key))
 
     def _sample(self, ctx: DriverContext, batch: ColumnBatch) -> str | None:
         """Run one sampling process until stopped (None) or until it fails (the reason)."""
@@ -147,7 +147,7 @@ class NicDriver:
 
     def _read(self, ctx: DriverContext, process: subprocess.Popen, batch: ColumnBatch) -> None:
         fmt = record_format(len(self.options.statistics))
-        per_event = self.config.samples_per_event
+        per_event = self.settings.samples_per_event
         fd = process.stdout.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLHUP)
@@ -168,7 +168,7 @@ class NicDriver:
                 else:
                     batch.add(timestamp, values)
             while len(batch) >= per_event:
-                ctx.append(batch.detach(per_event).take_events(self.config.routing_key))
+                ctx.append(batch.detach(per_event).take_events(self.settings.routing_key))
 
     def _wait_for_interface(self, ctx: DriverContext, error: str) -> bool:
         """The interface went away: say so, and go on once its counters can be read again."""

@@ -195,9 +195,9 @@ def recorded_open(store, buffer: Buffer, n: int):
 
 def restarted(coordinator: TransactionCoordinator, store) -> TransactionCoordinator:
     """A new coordinator on the same buffer file and store, as after a process restart."""
-    config = coordinator.config
-    buffer = Buffer(config.buffer_file, config.capacity_events)
-    return TransactionCoordinator(store, buffer, config, Failpoints())
+    settings = coordinator.settings
+    buffer = Buffer(settings.buffer_file, settings.capacity_events)
+    return TransactionCoordinator(store, buffer, settings, Failpoints())
 
 
 def drain(coordinator: TransactionCoordinator) -> None:
@@ -291,7 +291,7 @@ def test_commit_protocol_an_aborted_transaction_is_resent(committing, store):
 def test_commit_protocol_a_lease_lost_at_commit_sends_the_batch_again(committing, store):
     coordinator, buffer = committing
     fill(buffer, 2)
-    short = dataclasses.replace(coordinator.config, txn_lease_seconds=1e-6)
+    short = dataclasses.replace(coordinator.settings, txn_lease_seconds=1e-6)
     hasty = TransactionCoordinator(store, buffer, short, Failpoints())
     assert hasty.send_batch() == 2  # the store aborts it at commit: its lease ran out
     assert payloads(store) == [] and buffer.txns() == []

@@ -340,7 +340,7 @@ def test_sluice_toml_loads_with_the_compose_environment(compose, monkeypatch):
 
 
 def test_collector_toml_loads_with_the_collectors_loader(compose):
-    from collectors.config import load_config
+    from collectors.settings import load_settings as load_config
 
     service = services(compose)["collector"]
     cmd = command(service)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.config import load_config
 from collectors.errors import ConfigError
+from collectors.settings import load_settings
 from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS
 
 from .conftest import REPO, run_cli
@@ -35,11 +35,11 @@ REFERENCE_NETWORK_ENV = {
 
 
 def load(environ: dict, path: Path | None = None, tmp: Path = Path("/tmp/h")):
-    return load_config(path, environ, "embedded:/default/streams", tmp)
+    return load_settings(path, environ, "embedded:/default/streams", tmp)
 
 
 def test_the_example_file_is_valid(tmp_path):
-    config = load_config(EXAMPLE, {}, "embedded:/unused", tmp_path)
+    config = load_settings(EXAMPLE, {}, "embedded:/unused", tmp_path)
     by_name = {i.name: i for i in config.instances}
     assert sorted(by_name) == ["accel1", "files1", "gen1", "mqtt1", "net1"]
     net = by_name["net1"]

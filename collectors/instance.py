@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
-from collectors.drivers import Driver
+from collectors.drivers.base import Driver
 from collectors.errors import BufferLocked
 from collectors.failpoints import Failpoints
 from collectors.sender import Sender
@@ -31,8 +31,9 @@ from pipeline.streams import StreamStore, open_store
 log = logging.getLogger(__name__)
 
 
-class DriverContext:
-    """What a driver gets: its settings, a stop flag, and the buffer to append to."""
+class InstanceContext:
+    """What the instance gives its driver: `drivers.base.DriverContext`, implemented over the
+    driver thread's own connection to the buffer."""
 
     def __init__(
         self,
@@ -119,7 +120,7 @@ class Instance:
             self._buffers.append(buffer)
             return buffer
 
-        ctx = DriverContext(settings, open_buffer(), self.stop, self.failpoints)
+        ctx = InstanceContext(settings, open_buffer(), self.stop, self.failpoints)
         sender = Sender(settings, open_buffer(), self.failpoints, self.store_opener)
         self._threads = [
             threading.Thread(
@@ -142,7 +143,7 @@ class Instance:
             settings.buffer_file,
         )
 
-    def _run_driver(self, ctx: DriverContext) -> None:
+    def _run_driver(self, ctx: InstanceContext) -> None:
         delay = 1.0
         try:
             while not self.stop.is_set():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from collectors.drivers import find_spec, known_names
+from collectors.drivers.registry import find_spec, known_names
 from collectors.errors import ConfigError
 from collectors.options import Option
 

@@ -18,7 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from collectors.drivers import Driver, find_spec
+from collectors.drivers.base import Driver
+from collectors.drivers.registry import find_spec
 from collectors.failpoints import Failpoints
 from collectors.instance import Instance
 from collectors.settings import CollectorSettings, InstanceSettings

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from collectors.buffer import WhenFull
-from collectors.drivers import find_spec, known_names
+from collectors.drivers.registry import find_spec, known_names
 from collectors.errors import ConfigError
 from collectors.options import Option, OptionsReader, from_toml
 from collectors.psc_env import PREFIX, instances_from_env, variable_names

@@ -34,10 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch
+from collectors.drivers.base import DriverContext, DriverSettings, OptionsReader
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.options import OptionsReader
-from collectors.settings import InstanceSettings
 
 RECORD = struct.Struct("<bbb5xq")
 RECORD_SIZE = RECORD.size  # 16
@@ -55,7 +53,7 @@ def parse_options(r: OptionsReader) -> Options:
     return Options(device_file=r.path("device_file"), sysfs_dir=r.path("sysfs_dir"))
 
 
-def create(settings: InstanceSettings) -> AccelerometerDriver:
+def create(settings: DriverSettings) -> AccelerometerDriver:
     options: Options = settings.options
     scales = []
     for axis in AXES:
@@ -74,7 +72,7 @@ def create(settings: InstanceSettings) -> AccelerometerDriver:
 class AccelerometerDriver:
     """Reads 16-byte IIO records, scales them, batches them into events."""
 
-    def __init__(self, settings: InstanceSettings, scales: tuple[float, ...]) -> None:
+    def __init__(self, settings: DriverSettings, scales: tuple[float, ...]) -> None:
         self.settings = settings
         self.options: Options = settings.options
         self.scales = scales

@@ -42,13 +42,15 @@ from pathlib import Path
 from typing import Literal
 
 from collectors.batch import encode_json
-from collectors.buffer import Appended
-from collectors.drivers.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
+from collectors.drivers.base import (
+    Appended,
+    DriverContext,
+    DriverSettings,
+    OptionsReader,
+    PendingEvent,
+)
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.options import OptionsReader
-from collectors.settings import InstanceSettings
-from collectors.state import PendingEvent
+from collectors.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
 
 EVENTS_PER_COMMIT = 100
 FILE_STATE_VERSION = 1
@@ -123,7 +125,7 @@ def parse_options(r: OptionsReader) -> Options:
     )
 
 
-def create(settings: InstanceSettings) -> FilesDriver:
+def create(settings: DriverSettings) -> FilesDriver:
     options: Options = settings.options
     for directory in options.directories:
         if not directory.is_dir():
@@ -135,7 +137,7 @@ def create(settings: InstanceSettings) -> FilesDriver:
 class FilesDriver:
     """Scans directories and ingests each settled file exactly once."""
 
-    def __init__(self, settings: InstanceSettings) -> None:
+    def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
         self.options: Options = settings.options
         default_failed = settings.buffer_file.parent / f"{settings.name}.failed"

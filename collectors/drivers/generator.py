@@ -25,11 +25,13 @@ import time
 from dataclasses import dataclass
 
 from collectors.batch import columns_to_events
-from collectors.buffer import Appended
-from collectors.instance import DriverContext
-from collectors.options import OptionsReader
-from collectors.settings import InstanceSettings
-from collectors.state import CursorState
+from collectors.drivers.base import (
+    Appended,
+    CursorState,
+    DriverContext,
+    DriverSettings,
+    OptionsReader,
+)
 
 CURSOR = "generator"
 CURSOR_VERSION = 1
@@ -52,14 +54,14 @@ def parse_options(r: OptionsReader) -> Options:
     )
 
 
-def create(settings: InstanceSettings) -> GeneratorDriver:
+def create(settings: DriverSettings) -> GeneratorDriver:
     return GeneratorDriver(settings)
 
 
 class GeneratorDriver:
     """Synthetic samples, paced per event, numbered from the stored cursor."""
 
-    def __init__(self, settings: InstanceSettings) -> None:
+    def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
         self.options: Options = settings.options
         self.events_per_commit = EVENTS_PER_COMMIT

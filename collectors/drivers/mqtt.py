@@ -45,12 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from collectors.batch import columns_to_events
-from collectors.buffer import Appended
+from collectors.drivers.base import (
+    Appended,
+    DriverContext,
+    DriverSettings,
+    OptionsReader,
+    PendingEvent,
+)
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.options import OptionsReader
-from collectors.settings import InstanceSettings
-from collectors.state import PendingEvent
 from pipeline.streams import MAX_EVENT_SIZE
 
 _LARGEST_PAYLOAD = MAX_EVENT_SIZE - 64 * 1024  # leave room for the event's other fields
@@ -108,7 +110,7 @@ def parse_options(r: OptionsReader) -> Options:
     )
 
 
-def create(settings: InstanceSettings) -> MqttDriver:
+def create(settings: DriverSettings) -> MqttDriver:
     options: Options = settings.options
     if options.ca_file is not None and not options.ca_file.is_file():
         raise DriverError(settings.name, "mqtt", f"ca_file {options.ca_file} does not exist")
@@ -118,7 +120,7 @@ def create(settings: InstanceSettings) -> MqttDriver:
 class MqttDriver:
     """A paho client on its own network thread; this thread batches, buffers and acks."""
 
-    def __init__(self, settings: InstanceSettings) -> None:
+    def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
         self.options: Options = settings.options
         self.client_id = self.options.client_id or f"sluice-{socket.gethostname()}-{settings.name}"

@@ -38,11 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch, camel_case
-from collectors.drivers.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
+from collectors.drivers.base import DriverContext, DriverSettings, OptionsReader
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.options import OptionsReader
-from collectors.settings import InstanceSettings
+from collectors.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +76,7 @@ def _priority(r: OptionsReader) -> int:
     return priority
 
 
-def create(settings: InstanceSettings) -> NicDriver:
+def create(settings: DriverSettings) -> NicDriver:
     options: Options = settings.options
     stats_dir = options.sysfs_root / options.interface / "statistics"
     if not stats_dir.is_dir():
@@ -101,7 +99,7 @@ def create(settings: InstanceSettings) -> NicDriver:
 class NicDriver:
     """Runs the sampling process and batches its records into events."""
 
-    def __init__(self, settings: InstanceSettings, stats_dir: Path) -> None:
+    def __init__(self, settings: DriverSettings, stats_dir: Path) -> None:
         self.settings = settings
         self.options: Options = settings.options
         self.stats_dir = stats_dir
@@ -126,7 +124,7 @@ class NicDriver:
         paths = [str(self.stats_dir / name) for name in self.options.statistics]
         args = [str(self.options.samples_per_sec), str(self.priority), *paths]
         process = subprocess.Popen(
-            [sys.executable, "-m", "collectors.drivers.nic_sampler", *args],
+            [sys.executable, "-m", "collectors.nic_sampler", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )

@@ -1,6 +1,6 @@
 """The NIC driver's sampling process: reads counters on a monotonic schedule, nothing else.
 
-    python -m collectors.drivers.nic_sampler RATE PRIORITY PATH [PATH ...]
+    python -m collectors.nic_sampler RATE PRIORITY PATH [PATH ...]
 
 Sampling runs in its own small process (standard library only) so that nothing the collector
 does (JSON, SQLite, the store, Python's GIL) can delay a wake-up. Each sample is written to

@@ -6,7 +6,7 @@ reordered across crashes, power cuts and store outages.
     sluice collect status                        # buffer depth, last committed sample, lag
 
 Layout: `settings.py` (+ `options.py`, `psc_env.py`: collector.toml and the Pravega Sensor
-Collector's environment variables), `buffer.py` / `state.py` (the SQLite buffer and its
+Collector's environment variables), `buffer/` (the SQLite buffer: queue, transaction ledger, status,
 schema), `coordinator.py` (the two-phase commit), `sender.py` (retries, backoff),
 `instance.py` / `service.py` (threads, signals, draining), `status.py`, `drivers/` (nic,
 accelerometer, files, mqtt, generator). Runs with the `edge` extra only: it imports

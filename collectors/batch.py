@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from collectors.state import PendingEvent
+from collectors.buffer.schema import PendingEvent
 from pipeline.streams import MAX_EVENT_SIZE
 
 TIME_COLUMN = "TimestampNanos"

@@ -63,10 +63,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 from collectors.buffer import Buffer
+from collectors.buffer.schema import BufferedEvent, TxnRecord
 from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
 from collectors.settings import InstanceSettings, TxnProtocol
-from collectors.state import BufferedEvent, TxnRecord
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ class TransactionCoordinator:
     ) -> None:
         self.store = store
         self.buffer = buffer
+        self.ledger = buffer.ledger
         self.settings = settings
         self.failpoints = failpoints
         self.protocol = choose_protocol(settings, store)
@@ -114,7 +115,7 @@ class TransactionCoordinator:
         """
         resolved = 0
         known = self._committed.txn_id if self._committed else None
-        for record in self.buffer.txns():
+        for record in self.ledger.txns():
             if record.txn_id == known:
                 continue
             if record.state == "open" and record.first_id is None:
@@ -151,7 +152,7 @@ class TransactionCoordinator:
         self._record_open(txn)
         self._write(txn, batch, flush=True)
         self.failpoints.hit("sender.after_flush")
-        record = self.buffer.mark_ready(txn.txn_id, self.settings.stream, batch)
+        record = self.ledger.mark_ready(txn.txn_id, self.settings.stream, batch)
         self.failpoints.hit("sender.after_ready")
         self._commit_recorded(record, txn)
 
@@ -177,7 +178,7 @@ class TransactionCoordinator:
                 exc.reason,
                 record.events,
             )
-            self.buffer.drop_open(txn.txn_id)
+            self.ledger.drop_open(txn.txn_id)
             return
         self.failpoints.hit("sender.after_stream_commit")
         self._committed = record  # forgotten with the next batch's step 1, or when idle
@@ -185,7 +186,7 @@ class TransactionCoordinator:
     def _record_open(self, txn: Transaction, batch: Sequence[BufferedEvent] = ()) -> TxnRecord:
         """Record `txn` as open (with `batch` under the commit protocol), forgetting the
         last committed transaction in the same SQLite commit."""
-        record = self.buffer.record_open(txn.txn_id, self.settings.stream, self._committed, batch)
+        record = self.ledger.record_open(txn.txn_id, self.settings.stream, self._committed, batch)
         if self._committed is not None:
             self._committed = None
             self.failpoints.hit("sender.after_forget")
@@ -212,7 +213,7 @@ class TransactionCoordinator:
         except Exception as exc:  # the original error is the one worth raising
             log.warning("%s: could not abort %s yet (%s)", self.settings.name, txn.txn_id, exc)
             return
-        self.buffer.drop_open(txn.txn_id)
+        self.ledger.drop_open(txn.txn_id)
 
     def _abort_recorded(self, record: TxnRecord) -> None:
         try:
@@ -220,7 +221,7 @@ class TransactionCoordinator:
         except (TxnNotFound, TxnFailed):
             pass  # never reached the store, or already aborted: nothing of it is visible
         log.info("%s: aborted unfinished transaction %s", self.settings.name, record.txn_id)
-        self.buffer.drop_open(record.txn_id)
+        self.ledger.drop_open(record.txn_id)
 
     def _commit_recorded(self, record: TxnRecord, txn: Transaction | None = None) -> None:
         """Commit a `ready` transaction (`txn` if at hand, else looked up by its id)."""
@@ -238,7 +239,7 @@ class TransactionCoordinator:
                 exc.reason,
                 record.events,
             )
-            self.buffer.requeue(record)
+            self.ledger.requeue(record)
             return
         except TxnNotFound:
             self._doubtful(record)
@@ -271,17 +272,17 @@ class TransactionCoordinator:
             state,
             record.events,
         )
-        self.buffer.drop_open(record.txn_id)
+        self.ledger.drop_open(record.txn_id)
 
     def _forget_recommitted(self, record: TxnRecord) -> None:
         log.info("%s: committed recorded transaction %s", self.settings.name, record.txn_id)
-        self.buffer.forget(record, recommitted=True)
+        self.ledger.forget(record, recommitted=True)
         self.failpoints.hit("sender.after_forget")
 
     def forget_committed(self) -> None:
         """Forget the last committed transaction now (the queue is empty, or we stop)."""
         if self._committed is not None:
-            self.buffer.forget(self._committed)
+            self.ledger.forget(self._committed)
             self._committed = None
             self.failpoints.hit("sender.after_forget")
 
@@ -292,5 +293,5 @@ class TransactionCoordinator:
             f"{record.stream}; they are kept, not re-sent"
         )
         log.error("%s: %s", self.settings.name, note)
-        self.buffer.mark_doubtful(record, note)
+        self.ledger.mark_doubtful(record, note)
         self.buffer.record_error("sender", note)

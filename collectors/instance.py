@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
+from collectors.buffer.schema import CursorState, PendingEvent
 from collectors.drivers.base import Driver
 from collectors.errors import BufferLocked
 from collectors.failpoints import Failpoints
 from collectors.sender import Sender
 from collectors.settings import InstanceSettings
-from collectors.state import CursorState, PendingEvent
 from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)

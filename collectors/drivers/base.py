@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from collectors.buffer import Appended, TxnHook
+from collectors.buffer.schema import CursorState, PendingEvent
 from collectors.failpoints import Failpoints
 from collectors.options import OptionsReader
-from collectors.state import CursorState, PendingEvent
 
 __all__ = [
     "Appended",

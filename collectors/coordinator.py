@@ -1,59 +1,12 @@
 """The two-phase commit between an instance's SQLite buffer and a stream transaction.
 
 Delivery guarantee: **exactly-once, in order**, from the buffer into the stream, across
-crashes at any point (SIGKILL, power cut) of the collector, the store or the network, under
-either of two protocols. Both keep, in the buffer, the ids of the stream transactions that
-may hold buffered events, and change that record in the same SQLite transaction as the send
-queue; they differ in what the store can tell after a crash. The instance setting
-`txn_protocol` picks one: `auto` (the default) is `flush` where the store has the feature
-`txn_flush` (the embedded store) and `commit` where it has not (Pravega, whose client cannot
-flush a transaction).
-
-**Flush protocol** (the Pravega Sensor Collector's, seed 000 "Recovery from Failures"). It
-relies on `Transaction.flush()`: once it returns, the events survive a crash. For each batch:
-
-1. begin a stream transaction and note its id as `open` (a crash from here to step 3 leaves
-   an `open` id, which recovery aborts: nothing of it was ever visible);
-2. write the batch's events into it and flush (durable in the store, not visible);
-3. in ONE SQLite transaction, the batch leaves the send queue and the id is recorded as
-   `ready` (a crash after this point can no longer send the batch again);
-4. commit the stream transaction with the event-time bounds of its samples;
-5. forget the id and drop the batch's rows (one SQLite transaction; while more batches
-   wait, the same SQLite transaction as step 1 of the next batch).
-
-On start-up and before every batch, recorded `ready` ids are committed again: committing a
-committed transaction is a no-op, so a crash between 3 and 5 costs nothing.
-
-**Commit protocol**, for stores that cannot flush but report a transaction's exact state
-after a restart (`open`, `committing`, `committed`, `aborted`) and treat a second commit as a
-no-op. The decision is the store's, not the buffer's:
-
-1. begin a stream transaction and, in ONE SQLite transaction, record it `open` together
-   with the batch's range (ids, counts, time bounds); the rows stay in the buffer, held out
-   of the send queue while the record exists (and, while more batches wait, the previous
-   committed transaction is forgotten in the same SQLite transaction);
-2. write the events and commit with their time bounds (the commit waits until the store
-   has every event, then makes them visible at once);
-3. forget the id and drop the batch's rows, as in step 5 above.
-
-On start-up and before every batch, a recorded `open` id that carries a range is settled by
-asking the store: `committing` or `committed` means the batch is (or is becoming) visible,
-so it is committed again (a no-op, or it finishes) and forgotten; `open` means the commit
-never happened, so the transaction is aborted and its rows return to the head of the queue;
-`aborted` returns them too. Either way the batch is in the stream exactly once, and a
-crash costs at most the resend of one uncommitted batch. An `open`
-id without a range is the flush protocol's and is aborted as above, so a buffer can move
-between protocols across a restart.
-
-Both protocols send one batch at a time, oldest first, and send nothing while a recorded
-transaction is unresolved, so the stream receives batches in the order they were buffered.
-
-Unlike the reference, the rows of a `ready` transaction are dropped only once it is committed
-(step 5, not step 3): if the store reports the transaction aborted (its lease ran out during
-a long outage), its events go back to the head of the queue and are sent again, instead of
-being lost. If the store no longer knows the id at all (under either protocol), whether it
-committed cannot be told: the rows are kept as `doubtful`, reported, and never re-sent
-automatically.
+crashes at any point of the collector, the store or the network. The ids of the stream
+transactions that may hold buffered events are kept in the buffer's ledger and change in the
+same SQLite transaction as the send queue. Two protocols: `flush` (the Pravega Sensor
+Collector's, for stores that can flush a transaction) and `commit` (for stores that cannot,
+such as Pravega through its Python client); `txn_protocol = "auto"` picks by the store.
+Both, step by step, with recovery and why it is exactly-once: PROTOCOL.md next to this file.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """One running instance: a driver thread and a sender thread around one SQLite buffer.
 
-The driver samples and appends batches to the buffer; the sender drains the buffer into the
-stream (`sender.py`). They share nothing but the buffer file and a condition variable that
-wakes the sender when data arrives and a blocked driver when room is made. An instance holds
-an exclusive lock on `<buffer>.lock` while it runs: two processes sending from one buffer
-could send a batch twice, so the second is refused at start-up.
-
-A driver that raises is logged, recorded for `sluice collect status`, and restarted with
-backoff: one bad read never stops the service.
+The driver appends batches to the buffer through its `InstanceContext` (the runtime side of
+`drivers/base.py`); the sender drains the buffer into the stream (`sender.py`). They share
+the buffer file and a condition that wakes the sender when data arrives and a blocked driver
+when room is made. An exclusive lock on `<buffer>.lock` refuses a second process on the same
+buffer (two senders could send a batch twice). A driver that raises is logged, recorded for
+`sluice collect status` and restarted with backoff: one bad read never stops the service.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """The Pravega Sensor Collector's environment variables, read as collector instances.
 
 `PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_CLASS` names a driver; every other
-`PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_<KEY>` is a setting of that instance, and a
-`PRAVEGA_SENSOR_COLLECTOR_<KEY>` without an instance applies to every instance (as in the
-reference's `DeviceDriverManager`). Keys keep their reference names (`SCOPE`, `STREAM`,
-`SAMPLES_PER_EVENT`, `NETWORK_INTERFACE`, `PERSISTENT_QUEUE_FILE`, `DATABASE_FILE`,
-`PRAVEGA_CONTROLLER_URI`, `FILE_SPEC`, ...); any Sluice setting can also be given as its
-upper-case name (`..._WHEN_FULL=shed`). The variables are read from the mapping passed in,
-when asked, never from `os.environ` at import.
+`PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_<KEY>` sets an option of that instance, and
+`PRAVEGA_SENSOR_COLLECTOR_<KEY>` without an instance sets it for every instance (as its
+`DeviceDriverManager` does). Keys keep their Pravega Sensor Collector names (`SCOPE`, `STREAM`,
+`NETWORK_INTERFACE`, `PERSISTENT_QUEUE_FILE`, `FILE_SPEC`, ...: `COMMON_KEYS` and each driver's
+`env_keys` in the registry); any Sluice key may also be given upper-case (`..._WHEN_FULL=shed`).
+Read from the mapping passed in, when asked, never from `os.environ` at import.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from collectors.options import Option
 PREFIX = "PRAVEGA_SENSOR_COLLECTOR_"
 _CLASS = "CLASS"
 
-#: Reference keys every instance understands, and the Sluice setting each one sets.
+#: Pravega Sensor Collector keys every instance understands, and the Sluice key each sets.
 COMMON_KEYS: Mapping[str, str] = {
     "CLASS": "driver",
     "SCOPE": "scope",

@@ -1,13 +1,11 @@
 """`sluice collect`: run every configured instance until SIGTERM/SIGINT, then drain and exit.
 
-Start-up checks everything before anything starts: the settings (`settings.py`) and each
-driver's outside world (interface, device, directories, broker). A problem is one
-`SluiceError` line, and nothing has been sampled.
-
-Shutdown: drivers stop sampling and hand their partial batches to the buffer; senders then
-send what is buffered for up to `drain_timeout_seconds`; whatever is left stays in the
-buffer, safe, and is sent at the next start. The service also ends, after draining, when
-every driver has finished on its own (a generator with `max_samples`).
+Start-up checks the settings and each driver's outside world (interface, device, directories,
+broker) before anything starts: a problem is one `SluiceError` line, and nothing is sampled.
+Shutdown: drivers stop and hand their partial batches to the buffer; senders send what is
+buffered for up to `drain_timeout_seconds`; what is left stays in the buffer, safe, and is
+sent at the next start. The service also ends, after draining, when every driver has finished
+on its own (a generator with `max_samples`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""The collector's settings: `collector.toml` plus the Pravega Sensor Collector's
-environment variables, validated once at start-up into frozen, typed objects.
-
-    [collector]
-    store = "embedded:/var/lib/sluice/streams"   # default: sluice's default store
-    state_dir = "/var/lib/sluice/collector"      # default: $SLUICE_HOME/collector
-
-    [instances.net1]
-    driver = "nic"                 # or a reference class name
-    stream = "examples/network"
-    interface = "eth0"
-    samples_per_sec = 1000
+"""The collector's settings: `collector.toml` and the Pravega Sensor Collector's environment
+variables, validated once at start-up into frozen, typed objects (`CollectorSettings`, and one
+`InstanceSettings` per instance).
 
 Instances from the environment (`psc_env.py`) join those of the file; an instance named in
-both takes the environment's values over the file's. Every problem is one `ConfigError` line
-that names the key (or variable) to fix. See `collector.example.toml` for every setting.
+both takes the environment's values over the file's. Each driver reads its own keys with its
+`parse_options` (found through `drivers/registry.py`). Every problem is one `ConfigError` line
+that names the key (or variable) to fix; `collector.example.toml` lists every setting.
 """
 
 from __future__ import annotations
@@ -207,7 +199,8 @@ def _lease_seconds(r: OptionsReader) -> float:
 
 
 def _legacy_settings(r: OptionsReader, notes: list[str]) -> None:
-    """Reference settings that have no effect here: accepted, and said so at start-up."""
+    """Pravega Sensor Collector settings that have no effect here: accepted, and said so at
+    start-up."""
     where = r.where
     if r.has("exactly_once") and not r.flag("exactly_once"):
         notes.append(

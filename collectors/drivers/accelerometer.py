@@ -1,26 +1,11 @@
 """Accelerometer driver: the Linux IIO buffer of an ST lng2dm (or any 3-axis IIO device).
 
-The device (or a FIFO standing in for it) yields 16-byte little-endian records:
-
-    x, y, z: int8 | 5 pad bytes | timestamp: int64 nanoseconds since the epoch
-
-Each axis is multiplied by its `in_accel_{x,y,z}_scale` read once from the device's sysfs
-directory, and events are written as the reference's AccelerometerDriver writes them:
-
-    {"TimestampNanos":[...],"X":[...],"Y":[...],"Z":[...],"RemoteAddr":"<host>",
-     "LastTimestampFormatted":"..."}
-
-The device is read without blocking (poll with a timeout), so a stop request is honoured
-within a quarter second even when no data flows. When the writer of a FIFO goes away the
-FIFO is opened again and reading resumes with the next writer; a record split across two
-reads is joined.
-
-Delivery guarantee: **exactly-once from the buffer on**. Records of the batch being filled
-live in memory and are lost on a crash (a clean stop buffers them); the kernel's IIO buffer
-cannot be re-read, so nothing better is possible for them.
-
-Settings: `device_file` (required; e.g. /dev/iio:device0), `sysfs_dir` (required; e.g.
-/sys/bus/iio/devices/iio:device0).
+Reads 16-byte records (x, y, z as int8, a nanosecond timestamp), scales each axis by the
+device's sysfs `in_accel_*_scale` and writes events in the layout of the Pravega Sensor
+Collector's `AccelerometerDriver`. Delivery guarantee: **at-most-once** into the buffer,
+exactly-once from it on: the records of the batch being filled are lost on a crash (a clean
+stop buffers them), because the kernel's IIO buffer cannot be read again.
+Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations

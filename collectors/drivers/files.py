@@ -1,33 +1,11 @@
 """Files driver: CSV or Parquet files dropped into directories, each ingested exactly once.
 
-Every `scan_interval_ms` the directories are listed; files with the configured extension
-that have not changed for `settle_ms` (so are no longer being written) are taken in name
-order. Hidden files and names ending in .tmp, .part, .partial or ~ are never taken: write a
-file under such a name and rename it when complete, and it is never seen half-written.
-
-For each file:
-
-1. the whole file is read and checked (`tabular.validate`); a malformed one is moved to the
-   failed folder with a `<name>.reason.txt` beside it, before any row of it is buffered;
-2. its rows are batched into events (`samples_per_event` rows each, as a JSON array of
-   row objects like the reference's CSV ingest) and appended to the buffer, up to 100
-   events per SQLite commit; the SAME commit records the file (path, size, mtime, inode)
-   and how many rows are buffered, and the last one marks it done;
-3. a done file is deleted (`delete_completed`), moved to `completed_dir`, or left in place
-   (and remembered, so it is not taken again while it is unchanged).
-
-Delivery guarantee: **exactly-once per file**, across crashes at any point. The file's
-progress and its rows enter the buffer in one SQLite transaction, and the buffer reaches the
-stream exactly once (`coordinator.py`). The reference commits the stream transaction before
-recording the file, so a crash in between sends the file twice; here nothing is committed
-to the stream that the buffer has not recorded first. A file that changes while being
-ingested is moved to the failed folder with the number of rows already sent.
-
-Settings: `directories` (required; the reference's FILE_SPEC), `format` (csv or parquet),
-`extension` (default: the format's), `settle_ms` (default 5000), `scan_interval_ms`
-(default 1000), `delete_completed` (default false), `completed_dir`, `failed_dir` (default
-`<buffer dir>/<instance>.failed`), `time_column` and `time_unit` (ns, us, ms, s, iso; rows
-without a time column take the file's modification time), `delimiter` (CSV, default ",").
+Settled files are taken in name order, checked whole (`collectors/tabular.py`: a bad one goes
+to the failed folder with its reason), batched into events and buffered, then deleted, moved
+or remembered. Delivery guarantee: **exactly-once per file**, across crashes at any point:
+each SQLite commit that buffers rows of a file also records how far the file got
+(`FileRecord`), so a restart resumes after the last buffered row and a done file is not
+taken again. Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations

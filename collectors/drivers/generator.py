@@ -1,20 +1,11 @@
 """Generator driver: a synthetic sensor at a chosen rate, numbering every sample.
 
-Each sample carries `Sequence` (0, 1, 2, ... across restarts), its time and a `Value` that is
-a pure function of the sequence number (`Sequence * 37 % 1000`), so tests and benchmarks
-can check that the stream holds every sample exactly once, in order:
-
-    {"TimestampNanos":[...],"Sequence":[...],"Value":[...],"Sensor":"gen1",
-     "RemoteAddr":"host","LastTimestampFormatted":"..."}
-
-Delivery guarantee: **exactly-once**. The next sequence number is stored in the buffer in the
-same SQLite commit as the events that used the previous ones, so after a crash the generator
-resumes exactly where the buffer ends: a batch lost with the process is generated again with
-the same numbers (new timestamps), and nothing stored is generated twice.
-
-Settings: `samples_per_sec` (> 0; a very high rate means "as fast as the buffer takes
-them"), `max_samples` (stop after this many in total; default: run forever), `sensor` (the
-`Sensor` field; default the instance name).
+`Sequence` counts 0, 1, 2, ... across restarts and `Value` is a pure function of it, so tests
+and benchmarks can check that the stream holds every sample once, in order. Delivery
+guarantee: **exactly-once**: the next sequence number is stored in the same SQLite commit as
+the events that used the previous ones, so after a crash the generator resumes where the
+buffer ends (a lost batch is generated again with the same numbers; nothing stored is
+generated twice). Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations

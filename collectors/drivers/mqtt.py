@@ -1,35 +1,12 @@
 """MQTT driver: messages from subscribed topics, batched into events.
 
-Connects with paho-mqtt under a fixed client id and a persistent session (clean_session
-false), so the broker keeps queuing messages while the collector is down or busy. Messages
-are acknowledged by hand (paho's `manual_ack`) and only after the SQLite commit that stores
-them has returned, then batched into events:
-
-    {"TimestampNanos":[...],"Topic":[...],"Payload":[...],"RemoteAddr":"<host>",
-     "LastTimestampFormatted":"..."}
-
-`TimestampNanos` is the time of receipt (MQTT carries none). `payload_format` decides what
-`Payload` holds: `text` (UTF-8), `json` (the parsed value) or `base64`. A message that does
-not decode is quarantined in the buffer with the reason (see `sluice collect status`), and
-acknowledged: it is kept, not lost, and not redelivered forever.
-
-QoS: the subscription asks for QoS 1 even when `qos = 2` is configured (messages published
-at QoS 2 then arrive at QoS 1). paho answers a QoS 2 message with PUBREC before the
-application sees it, so a crash right after would lose a message the broker believes
-delivered; with QoS 1 nothing is acknowledged before it is buffered.
-
-Delivery guarantee: **at-least-once** into the buffer, exactly-once from the buffer on. A
-crash after the SQLite commit but before the PUBACK makes the broker redeliver that batch;
-MQTT gives no stable message identity (packet ids are reused) to tell the copy apart, so it
-is buffered again. Nothing is ever acknowledged and then lost.
-
-Flow control: the broker stops sending once `max_inflight` messages await their PUBACK
-(mosquitto's `max_inflight_messages`, default 20), so a batch is committed when it has
-`samples_per_event` messages, when that many are waiting, or `max_delay_ms` after its first.
-
-Settings: `topics` (required), `host` (localhost), `port` (1883), `qos` (1 or 2),
-`client_id`, `username`, `password`, `tls`, `ca_file`, `keepalive` (60), `payload_format`,
-`max_inflight` (20), `max_delay_ms` (200).
+A persistent session keeps the broker queuing while the collector is away; messages are
+acknowledged by hand, after the SQLite commit that buffers them (at QoS 1 even when 2 is
+configured: paho acknowledges QoS 2 before the application sees it). Undecodable messages are
+quarantined with their reason. Delivery guarantee: **at-least-once** into the buffer,
+exactly-once from it on: a crash between the commit and the acknowledgement makes the broker
+redeliver a batch, and MQTT has no stable message id to tell the copy apart.
+Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations

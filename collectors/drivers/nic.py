@@ -1,31 +1,12 @@
-"""NIC driver: Linux network interface counters at up to 1000 samples/s or more.
+"""NIC driver: Linux network interface counters, sampled on a steady schedule.
 
-Reads `/sys/class/net/<interface>/statistics/<name>` for each configured statistic
-(default `rx_bytes,tx_bytes`), paced against the monotonic clock, and writes events exactly
-as the Pravega Sensor Collector's NetworkDriver does:
-
-    {"TimestampNanos":[...],"RxBytes":[...],"TxBytes":[...],"RemoteAddr":"<host>",
-     "Interface":"eth0","LastTimestampFormatted":"2020-12-30T21:29:17.809Z"}
-
-Other statistics add arrays named the same way (`rx_packets` -> `RxPackets`). Timestamps
-are wall-clock nanoseconds taken right after each wake-up (the reference truncates them to
-milliseconds). Sampling runs in a small separate process (`nic_sampler.py`, standard
-library only) that streams binary records to this driver, so the collector's own work
-(JSON, SQLite, the store, the GIL) never delays a wake-up. When the counters cannot be read
-(the interface went away) that is logged and recorded, no sample is taken until they can be
-read again: the reference would have stored zeros, wrong values rather than missing ones.
-
-Delivery guarantee: **exactly-once from the buffer on**; samples of the batch being filled
-(under `samples_per_event`) live in memory and die with the process on a crash (a clean
-stop buffers them). A counter cannot be read again for a past instant, so nothing better
-is possible for them.
-
-Settings: `interface` (required), `statistics`, `samples_per_sec` (> 0, default 10 as in
-the reference), `sysfs_root` (default `/sys/class/net`, for containers that mount the
-host's /sys elsewhere), `realtime_priority` (default 0 = off; 1-99 runs the sampling
-process under SCHED_FIFO so that a busy machine does not delay its wake-ups; it sleeps
-between samples, so it takes no more CPU. Needs CAP_SYS_NICE or RLIMIT_RTPRIO, which the
-systemd unit in docker/ grants; without it the sampler runs at normal priority, said once).
+Reads `/sys/class/net/<interface>/statistics/<name>` in a small sampling process
+(`collectors/nic_sampler.py`), so the collector's own work never delays a wake-up, and writes
+events in the layout of the Pravega Sensor Collector's `NetworkDriver`. An unreadable counter
+is reported and not sampled until it can be read again (never a made-up zero).
+Delivery guarantee: **at-most-once** into the buffer, exactly-once from it on: the samples of
+the batch being filled die with the process on a crash (a clean stop buffers them), because
+a counter cannot be read again for a past instant. Details and settings: DRIVERS.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Collector configuration: collector.toml, the reference's environment variables, bad input."""
+"""Collector settings: collector.toml, the Pravega Sensor Collector's variables, bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .conftest import REPO, run_cli
 
 EXAMPLE = REPO / "collectors" / "collector.example.toml"
 
-# The reference's conf/env-sample-network-standalone.sh, as its users have it.
+# The Pravega Sensor Collector's conf/env-sample-network-standalone.sh, as its users have it.
 REFERENCE_NETWORK_ENV = {
     "PRAVEGA_SENSOR_COLLECTOR_NET1_CLASS": "io.pravega.sensor.collector.network.NetworkDriver",
     "PRAVEGA_SENSOR_COLLECTOR_NET1_NETWORK_INTERFACE": "ens33",

@@ -1,14 +1,10 @@
-"""The edge collector: drivers sample sensors into a local SQLite buffer, and a sender moves
-the buffer into a stream with a two-phase commit, so that no sample is lost, duplicated or
-reordered across crashes, power cuts and store outages.
+"""The edge collector: drivers sample sensors into a local SQLite buffer, and a sender moves it
+into a stream with a two-phase commit: nothing lost, duplicated or reordered across crashes,
+power cuts and store outages. `sluice collect [--config collector.toml]` runs it.
 
-    sluice collect [--config collector.toml]     # run every configured instance
-    sluice collect status                        # buffer depth, last committed sample, lag
-
-Layout: `config.py` (+ `settings.py`, `psc_env.py`: collector.toml and the Pravega Sensor
-Collector's environment variables), `buffer.py` / `state.py` (the SQLite buffer and its
-schema), `coordinator.py` (the two-phase commit), `sender.py` (retries, backoff),
-`instance.py` / `service.py` (threads, signals, draining), `status.py`, `drivers/` (nic,
-accelerometer, files, mqtt, generator). Runs with the `edge` extra only: it imports
-`pipeline.streams` and nothing else of the platform (no Spark, no Dagster, no JVM).
+Layout: `settings.py` (with `options.py`, `psc_env.py`); `drivers/` (the contract `base.py`,
+`registry.py`, one module per driver) and their helpers `batch.py`, `tabular.py`,
+`nic_sampler.py`, `pacing.py`; `buffer/` (queue, ledger, status); `coordinator.py`
+(PROTOCOL.md), `sender.py`, `instance.py`, `service.py`, `status.py`. It imports
+`pipeline.streams` and nothing else of the platform: it runs with the `edge` extra only.
 """

@@ -1,59 +1,12 @@
 """The two-phase commit between an instance's SQLite buffer and a stream transaction.
 
 Delivery guarantee: **exactly-once, in order**, from the buffer into the stream, across
-crashes at any point (SIGKILL, power cut) of the collector, the store or the network, under
-either of two protocols. Both keep, in the buffer, the ids of the stream transactions that
-may hold buffered events, and change that record in the same SQLite transaction as the send
-queue; they differ in what the store can tell after a crash. The instance setting
-`txn_protocol` picks one: `auto` (the default) is `flush` where the store has the feature
-`txn_flush` (the embedded store) and `commit` where it has not (Pravega, whose client cannot
-flush a transaction).
-
-**Flush protocol** (the Pravega Sensor Collector's, seed 000 "Recovery from Failures"). It
-relies on `Transaction.flush()`: once it returns, the events survive a crash. For each batch:
-
-1. begin a stream transaction and note its id as `open` (a crash from here to step 3 leaves
-   an `open` id, which recovery aborts: nothing of it was ever visible);
-2. write the batch's events into it and flush (durable in the store, not visible);
-3. in ONE SQLite transaction, the batch leaves the send queue and the id is recorded as
-   `ready` (a crash after this point can no longer send the batch again);
-4. commit the stream transaction with the event-time bounds of its samples;
-5. forget the id and drop the batch's rows (one SQLite transaction; while more batches
-   wait, the same SQLite transaction as step 1 of the next batch).
-
-On start-up and before every batch, recorded `ready` ids are committed again: committing a
-committed transaction is a no-op, so a crash between 3 and 5 costs nothing.
-
-**Commit protocol**, for stores that cannot flush but report a transaction's exact state
-after a restart (`open`, `committing`, `committed`, `aborted`) and treat a second commit as a
-no-op. The decision is the store's, not the buffer's:
-
-1. begin a stream transaction and, in ONE SQLite transaction, record it `open` together
-   with the batch's range (ids, counts, time bounds); the rows stay in the buffer, held out
-   of the send queue while the record exists (and, while more batches wait, the previous
-   committed transaction is forgotten in the same SQLite transaction);
-2. write the events and commit with their time bounds (the commit waits until the store
-   has every event, then makes them visible at once);
-3. forget the id and drop the batch's rows, as in step 5 above.
-
-On start-up and before every batch, a recorded `open` id that carries a range is settled by
-asking the store: `committing` or `committed` means the batch is (or is becoming) visible,
-so it is committed again (a no-op, or it finishes) and forgotten; `open` means the commit
-never happened, so the transaction is aborted and its rows return to the head of the queue;
-`aborted` returns them too. Either way the batch is in the stream exactly once, and a
-crash costs at most the resend of one uncommitted batch. An `open`
-id without a range is the flush protocol's and is aborted as above, so a buffer can move
-between protocols across a restart.
-
-Both protocols send one batch at a time, oldest first, and send nothing while a recorded
-transaction is unresolved, so the stream receives batches in the order they were buffered.
-
-Unlike the reference, the rows of a `ready` transaction are dropped only once it is committed
-(step 5, not step 3): if the store reports the transaction aborted (its lease ran out during
-a long outage), its events go back to the head of the queue and are sent again, instead of
-being lost. If the store no longer knows the id at all (under either protocol), whether it
-committed cannot be told: the rows are kept as `doubtful`, reported, and never re-sent
-automatically.
+crashes at any point of the collector, the store or the network. The ids of the stream
+transactions that may hold buffered events are kept in the buffer's ledger and change in the
+same SQLite transaction as the send queue. Two protocols: `flush` (the Pravega Sensor
+Collector's, for stores that can flush a transaction) and `commit` (for stores that cannot,
+such as Pravega through its Python client); `txn_protocol = "auto"` picks by the store.
+Both, step by step, with recovery and why it is exactly-once: PROTOCOL.md next to this file.
 """
 
 from __future__ import annotations
@@ -63,10 +16,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 from collectors.buffer import Buffer
-from collectors.config import InstanceConfig, TxnProtocol
+from collectors.buffer.schema import BufferedEvent, TxnRecord
 from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
-from collectors.state import BufferedEvent, TxnRecord
+from collectors.settings import InstanceSettings, TxnProtocol
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound
 
 log = logging.getLogger(__name__)
@@ -75,17 +28,17 @@ log = logging.getLogger(__name__)
 Protocol = Literal["flush", "commit"]
 
 
-def choose_protocol(config: InstanceConfig, store: StreamStore) -> Protocol:
+def choose_protocol(settings: InstanceSettings, store: StreamStore) -> Protocol:
     """`txn_protocol` for this store: `auto` is `flush` where transactions can be flushed."""
-    setting: TxnProtocol = config.txn_protocol
+    setting: TxnProtocol = settings.txn_protocol
     can_flush = "txn_flush" in store.features
     if setting == "auto":
         return "flush" if can_flush else "commit"
     if setting == "flush" and not can_flush:
-        where = f"instance {config.name}"
+        where = f"instance {settings.name}"
         problem = (
             f"txn_protocol = 'flush' needs a store that can flush transactions, and "
-            f"{config.store} cannot"
+            f"{settings.store} cannot"
         )
         raise ConfigError(where, problem, 'set txn_protocol = "commit" (or "auto")')
     return setting
@@ -95,13 +48,14 @@ class TransactionCoordinator:
     """Moves batches from one instance's buffer into its stream, exactly once."""
 
     def __init__(
-        self, store: StreamStore, buffer: Buffer, config: InstanceConfig, failpoints: Failpoints
+        self, store: StreamStore, buffer: Buffer, settings: InstanceSettings, failpoints: Failpoints
     ) -> None:
         self.store = store
         self.buffer = buffer
-        self.config = config
+        self.ledger = buffer.ledger
+        self.settings = settings
         self.failpoints = failpoints
-        self.protocol = choose_protocol(config, store)
+        self.protocol = choose_protocol(settings, store)
         # Committed in the store, not yet forgotten in the buffer (see `send_batch`).
         self._committed: TxnRecord | None = None
 
@@ -114,7 +68,7 @@ class TransactionCoordinator:
         """
         resolved = 0
         known = self._committed.txn_id if self._committed else None
-        for record in self.buffer.txns():
+        for record in self.ledger.txns():
             if record.txn_id == known:
                 continue
             if record.state == "open" and record.first_id is None:
@@ -130,13 +84,15 @@ class TransactionCoordinator:
 
     def send_batch(self) -> int:
         """Send the oldest queued events as one stream transaction; return how many."""
-        batch = self.buffer.next_batch(self.config.max_events_per_txn, self.config.max_txn_bytes)
+        batch = self.buffer.next_batch(
+            self.settings.max_events_per_txn, self.settings.max_txn_bytes
+        )
         if not batch:
             self.forget_committed()
             return 0
         self.failpoints.hit("sender.before_begin")
         txn = self.store.begin_transaction(
-            self.config.stream, lease_seconds=self.config.txn_lease_seconds
+            self.settings.stream, lease_seconds=self.settings.txn_lease_seconds
         )
         if self.protocol == "flush":
             self._send_flushed(txn, batch)
@@ -149,7 +105,7 @@ class TransactionCoordinator:
         self._record_open(txn)
         self._write(txn, batch, flush=True)
         self.failpoints.hit("sender.after_flush")
-        record = self.buffer.mark_ready(txn.txn_id, self.config.stream, batch)
+        record = self.ledger.mark_ready(txn.txn_id, self.settings.stream, batch)
         self.failpoints.hit("sender.after_ready")
         self._commit_recorded(record, txn)
 
@@ -170,12 +126,12 @@ class TransactionCoordinator:
             log.warning(
                 "%s: the store aborted transaction %s before it committed (%s): its %d events "
                 "go back to the queue and will be sent again in a new transaction",
-                self.config.name,
+                self.settings.name,
                 txn.txn_id,
                 exc.reason,
                 record.events,
             )
-            self.buffer.drop_open(txn.txn_id)
+            self.ledger.drop_open(txn.txn_id)
             return
         self.failpoints.hit("sender.after_stream_commit")
         self._committed = record  # forgotten with the next batch's step 1, or when idle
@@ -183,7 +139,7 @@ class TransactionCoordinator:
     def _record_open(self, txn: Transaction, batch: Sequence[BufferedEvent] = ()) -> TxnRecord:
         """Record `txn` as open (with `batch` under the commit protocol), forgetting the
         last committed transaction in the same SQLite commit."""
-        record = self.buffer.record_open(txn.txn_id, self.config.stream, self._committed, batch)
+        record = self.ledger.record_open(txn.txn_id, self.settings.stream, self._committed, batch)
         if self._committed is not None:
             self._committed = None
             self.failpoints.hit("sender.after_forget")
@@ -208,17 +164,17 @@ class TransactionCoordinator:
         try:
             txn.abort()
         except Exception as exc:  # the original error is the one worth raising
-            log.warning("%s: could not abort %s yet (%s)", self.config.name, txn.txn_id, exc)
+            log.warning("%s: could not abort %s yet (%s)", self.settings.name, txn.txn_id, exc)
             return
-        self.buffer.drop_open(txn.txn_id)
+        self.ledger.drop_open(txn.txn_id)
 
     def _abort_recorded(self, record: TxnRecord) -> None:
         try:
             self.store.get_transaction(record.stream, record.txn_id).abort()
         except (TxnNotFound, TxnFailed):
             pass  # never reached the store, or already aborted: nothing of it is visible
-        log.info("%s: aborted unfinished transaction %s", self.config.name, record.txn_id)
-        self.buffer.drop_open(record.txn_id)
+        log.info("%s: aborted unfinished transaction %s", self.settings.name, record.txn_id)
+        self.ledger.drop_open(record.txn_id)
 
     def _commit_recorded(self, record: TxnRecord, txn: Transaction | None = None) -> None:
         """Commit a `ready` transaction (`txn` if at hand, else looked up by its id)."""
@@ -231,12 +187,12 @@ class TransactionCoordinator:
             log.warning(
                 "%s: the store aborted transaction %s (%s): its %d events go back to the queue "
                 "and will be sent again in a new transaction",
-                self.config.name,
+                self.settings.name,
                 record.txn_id,
                 exc.reason,
                 record.events,
             )
-            self.buffer.requeue(record)
+            self.ledger.requeue(record)
             return
         except TxnNotFound:
             self._doubtful(record)
@@ -264,22 +220,22 @@ class TransactionCoordinator:
             txn.abort()  # it never committed: nothing of it is visible, nor will be
         log.info(
             "%s: transaction %s did not commit (%s): its %d events go back to the queue",
-            self.config.name,
+            self.settings.name,
             record.txn_id,
             state,
             record.events,
         )
-        self.buffer.drop_open(record.txn_id)
+        self.ledger.drop_open(record.txn_id)
 
     def _forget_recommitted(self, record: TxnRecord) -> None:
-        log.info("%s: committed recorded transaction %s", self.config.name, record.txn_id)
-        self.buffer.forget(record, recommitted=True)
+        log.info("%s: committed recorded transaction %s", self.settings.name, record.txn_id)
+        self.ledger.forget(record, recommitted=True)
         self.failpoints.hit("sender.after_forget")
 
     def forget_committed(self) -> None:
         """Forget the last committed transaction now (the queue is empty, or we stop)."""
         if self._committed is not None:
-            self.buffer.forget(self._committed)
+            self.ledger.forget(self._committed)
             self._committed = None
             self.failpoints.hit("sender.after_forget")
 
@@ -289,6 +245,6 @@ class TransactionCoordinator:
             f"(buffer ids {record.first_id}..{record.last_id}) may or may not be in "
             f"{record.stream}; they are kept, not re-sent"
         )
-        log.error("%s: %s", self.config.name, note)
-        self.buffer.mark_doubtful(record, note)
+        log.error("%s: %s", self.settings.name, note)
+        self.ledger.mark_doubtful(record, note)
         self.buffer.record_error("sender", note)

@@ -1,13 +1,11 @@
 """One running instance: a driver thread and a sender thread around one SQLite buffer.
 
-The driver samples and appends batches to the buffer; the sender drains the buffer into the
-stream (`sender.py`). They share nothing but the buffer file and a condition variable that
-wakes the sender when data arrives and a blocked driver when room is made. An instance holds
-an exclusive lock on `<buffer>.lock` while it runs: two processes sending from one buffer
-could send a batch twice, so the second is refused at start-up.
-
-A driver that raises is logged, recorded for `sluice collect status`, and restarted with
-backoff: one bad read never stops the service.
+The driver appends batches to the buffer through its `InstanceContext` (the runtime side of
+`drivers/base.py`); the sender drains the buffer into the stream (`sender.py`). They share
+the buffer file and a condition that wakes the sender when data arrives and a blocked driver
+when room is made. An exclusive lock on `<buffer>.lock` refuses a second process on the same
+buffer (two senders could send a batch twice). A driver that raises is logged, recorded for
+`sluice collect status` and restarted with backoff: one bad read never stops the service.
 """
 
 from __future__ import annotations
@@ -20,28 +18,33 @@ import time
 from collections.abc import Callable, Sequence
 
 from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
-from collectors.config import InstanceConfig
-from collectors.drivers import Driver
+from collectors.buffer.schema import CursorState, PendingEvent
+from collectors.drivers.base import Driver
 from collectors.errors import BufferLocked
 from collectors.failpoints import Failpoints
 from collectors.sender import Sender
-from collectors.state import CursorState, PendingEvent
+from collectors.settings import InstanceSettings
 from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)
 
 
-class DriverContext:
-    """What a driver gets: its configuration, a stop flag, and the buffer to append to."""
+class InstanceContext:
+    """What the instance gives its driver: `drivers.base.DriverContext`, implemented over the
+    driver thread's own connection to the buffer."""
 
     def __init__(
-        self, config: InstanceConfig, buffer: Buffer, stop: threading.Event, failpoints: Failpoints
+        self,
+        settings: InstanceSettings,
+        buffer: Buffer,
+        stop: threading.Event,
+        failpoints: Failpoints,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self.buffer = buffer
         self.stop = stop
         self.failpoints = failpoints
-        self.log = logging.getLogger(f"collectors.{config.driver}.{config.name}")
+        self.log = logging.getLogger(f"collectors.{settings.driver}.{settings.name}")
         self._last_error: dict[str, float] = {}
 
     @property
@@ -73,7 +76,7 @@ class DriverContext:
             return
         self._last_error[source] = now
         self.log.error("%s: %s", source, message)
-        self.buffer.record_error(f"{self.config.driver}.{source}", message)
+        self.buffer.record_error(f"{self.settings.driver}.{source}", message)
 
 
 class Instance:
@@ -81,12 +84,12 @@ class Instance:
 
     def __init__(
         self,
-        config: InstanceConfig,
+        settings: InstanceSettings,
         driver: Driver,
         failpoints: Failpoints,
         store_opener: Callable[[str], StreamStore] = open_store,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self.driver = driver
         self.failpoints = failpoints
         self.store_opener = store_opener
@@ -98,16 +101,16 @@ class Instance:
         self._buffers: list[Buffer] = []
 
     def start(self) -> None:
-        self._lock_fd = _lock(self.config)
+        self._lock_fd = _lock(self.settings)
         room = threading.Condition()
         turns = WriteTurns()
-        cfg = self.config
+        settings = self.settings
 
         def open_buffer() -> Buffer:
             buffer = Buffer(
-                cfg.buffer_file,
-                cfg.capacity_events,
-                cfg.when_full,
+                settings.buffer_file,
+                settings.capacity_events,
+                settings.when_full,
                 room=room,
                 failpoints=self.failpoints,
                 turns=turns,
@@ -115,26 +118,30 @@ class Instance:
             self._buffers.append(buffer)
             return buffer
 
-        ctx = DriverContext(cfg, open_buffer(), self.stop, self.failpoints)
-        sender = Sender(cfg, open_buffer(), self.failpoints, self.store_opener)
+        ctx = InstanceContext(settings, open_buffer(), self.stop, self.failpoints)
+        sender = Sender(settings, open_buffer(), self.failpoints, self.store_opener)
         self._threads = [
             threading.Thread(
                 target=sender.run,
                 args=(self.drain, self.halt),
-                name=f"{cfg.name}-sender",
+                name=f"{settings.name}-sender",
                 daemon=True,
             ),
             threading.Thread(
-                target=self._run_driver, args=(ctx,), name=f"{cfg.name}-driver", daemon=True
+                target=self._run_driver, args=(ctx,), name=f"{settings.name}-driver", daemon=True
             ),
         ]
         for thread in self._threads:
             thread.start()
         log.info(
-            "%s: started (%s -> %s, buffer %s)", cfg.name, cfg.driver, cfg.stream, cfg.buffer_file
+            "%s: started (%s -> %s, buffer %s)",
+            settings.name,
+            settings.driver,
+            settings.stream,
+            settings.buffer_file,
         )
 
-    def _run_driver(self, ctx: DriverContext) -> None:
+    def _run_driver(self, ctx: InstanceContext) -> None:
         delay = 1.0
         try:
             while not self.stop.is_set():
@@ -142,8 +149,10 @@ class Instance:
                     self.driver.run(ctx)
                     return
                 except Exception as exc:
-                    log.exception("%s: driver failed, restarting in %.0fs", self.config.name, delay)
-                    ctx.buffer.record_error(self.config.driver, f"{type(exc).__name__}: {exc}")
+                    log.exception(
+                        "%s: driver failed, restarting in %.0fs", self.settings.name, delay
+                    )
+                    ctx.buffer.record_error(self.settings.driver, f"{type(exc).__name__}: {exc}")
                     self.stop.wait(delay)
                     delay = min(60.0, delay * 2)
         finally:
@@ -179,13 +188,13 @@ class Instance:
             self._lock_fd = None
 
 
-def _lock(config: InstanceConfig) -> int:
-    path = config.buffer_file.with_name(config.buffer_file.name + ".lock")
+def _lock(settings: InstanceSettings) -> int:
+    path = settings.buffer_file.with_name(settings.buffer_file.name + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise BufferLocked(config.name, config.buffer_file) from None
+        raise BufferLocked(settings.name, settings.buffer_file) from None
     return fd

@@ -1,11 +1,11 @@
 """Sampling on a schedule: absolute deadlines on the monotonic clock.
 
 `Pacer` wakes at `start + k * period` for k = 1, 2, ...: sleeping to an absolute deadline
-means an oversleep on one tick is not carried into the next, so intervals do not drift (the
-reference uses a token bucket with spin-waiting; this sleeps, which costs far less CPU, and
-Linux's high-resolution timers keep a wake-up within tens of microseconds). If the sampler
-falls more than `max_lag` behind (the machine stalled), the missed ticks are counted and
-the schedule restarts from now instead of firing a burst of back-to-back samples.
+means an oversleep on one tick is not carried into the next, so intervals do not drift. (The
+Pravega Sensor Collector's `NetworkDriver` spins on a token bucket; this sleeps, which costs
+far less CPU, and Linux's high-resolution timers keep a wake-up close to its deadline.) If
+the sampler falls more than `max_lag` behind (the machine stalled), the missed ticks are
+counted and the schedule restarts from now instead of firing a burst of back-to-back samples.
 """
 
 from __future__ import annotations

@@ -1,27 +1,26 @@
 """The Pravega Sensor Collector's environment variables, read as collector instances.
 
 `PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_CLASS` names a driver; every other
-`PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_<KEY>` is a setting of that instance, and a
-`PRAVEGA_SENSOR_COLLECTOR_<KEY>` without an instance applies to every instance (as in the
-reference's `DeviceDriverManager`). Keys keep their reference names (`SCOPE`, `STREAM`,
-`SAMPLES_PER_EVENT`, `NETWORK_INTERFACE`, `PERSISTENT_QUEUE_FILE`, `DATABASE_FILE`,
-`PRAVEGA_CONTROLLER_URI`, `FILE_SPEC`, ...); any Sluice setting can also be given as its
-upper-case name (`..._WHEN_FULL=shed`). The variables are read from the mapping passed in,
-when asked, never from `os.environ` at import.
+`PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_<KEY>` sets an option of that instance, and
+`PRAVEGA_SENSOR_COLLECTOR_<KEY>` without an instance sets it for every instance (as its
+`DeviceDriverManager` does). Keys keep their Pravega Sensor Collector names (`SCOPE`, `STREAM`,
+`NETWORK_INTERFACE`, `PERSISTENT_QUEUE_FILE`, `FILE_SPEC`, ...: `COMMON_KEYS` and each driver's
+`env_keys` in the registry); any Sluice key may also be given upper-case (`..._WHEN_FULL=shed`).
+Read from the mapping passed in, when asked, never from `os.environ` at import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from collectors.drivers import find_spec, known_names
+from collectors.drivers.registry import find_spec, known_names
 from collectors.errors import ConfigError
-from collectors.settings import Setting
+from collectors.options import Option
 
 PREFIX = "PRAVEGA_SENSOR_COLLECTOR_"
 _CLASS = "CLASS"
 
-#: Reference keys every instance understands, and the Sluice setting each one sets.
+#: Pravega Sensor Collector keys every instance understands, and the Sluice key each sets.
 COMMON_KEYS: Mapping[str, str] = {
     "CLASS": "driver",
     "SCOPE": "scope",
@@ -42,7 +41,7 @@ COMMON_KEYS: Mapping[str, str] = {
 }
 
 
-def instances_from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Setting]]:
+def instances_from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Option]]:
     """Instance name -> its settings (Sluice key -> value and the variable it came from)."""
     ours = {k: v for k, v in environ.items() if k.startswith(PREFIX)}
     names = sorted(
@@ -51,15 +50,15 @@ def instances_from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Settin
         reverse=True,
     )
     names = [n for n in names if n]
-    shared: dict[str, Setting] = {}
-    own: dict[str, dict[str, Setting]] = {name: {} for name in names}
+    shared: dict[str, Option] = {}
+    own: dict[str, dict[str, Option]] = {name: {} for name in names}
     for key, value in ours.items():
         rest = key[len(PREFIX) :]
         owner = next((n for n in names if rest.startswith(n + "_")), None)
         if owner is None:
-            shared[rest] = Setting(value, key)
+            shared[rest] = Option(value, key)
         else:
-            own[owner][rest[len(owner) + 1 :]] = Setting(value, key)
+            own[owner][rest[len(owner) + 1 :]] = Option(value, key)
     if shared and not names:
         listed = ", ".join(s.origin for s in shared.values())
         msg = "environment"
@@ -71,7 +70,7 @@ def instances_from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Settin
     return {name: _translate(name, {**shared, **own[name]}) for name in sorted(names)}
 
 
-def _translate(instance: str, raw: dict[str, Setting]) -> dict[str, Setting]:
+def _translate(instance: str, raw: dict[str, Option]) -> dict[str, Option]:
     class_setting = raw[_CLASS]
     found = find_spec(class_setting.value.strip())
     if found is None:
@@ -82,7 +81,7 @@ def _translate(instance: str, raw: dict[str, Setting]) -> dict[str, Setting]:
             f"use one of {known_names()} (or a Pravega Sensor Collector class name they replace)",
         )
     spec, _ = found
-    table: dict[str, Setting] = {}
+    table: dict[str, Option] = {}
     for key, setting in raw.items():
         name = COMMON_KEYS.get(key) or spec.env_keys.get(key) or key.lower()
         if name in table:
@@ -97,7 +96,7 @@ def _translate(instance: str, raw: dict[str, Setting]) -> dict[str, Setting]:
 
 
 def variable_names(instance: str, env_keys: Mapping[str, str]) -> dict[str, str]:
-    """Setting -> `key (PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_<KEY>)`, to name missing ones."""
+    """Option -> `key (PRAVEGA_SENSOR_COLLECTOR_<INSTANCE>_<KEY>)`, to name missing ones."""
     names: dict[str, str] = {}
     for env_key, key in [*COMMON_KEYS.items(), *env_keys.items()]:
         names.setdefault(key, f"{key} ({PREFIX}{instance}_{env_key})")

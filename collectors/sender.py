@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 
 from collectors.buffer import Buffer
-from collectors.config import InstanceConfig
 from collectors.coordinator import TransactionCoordinator
 from collectors.errors import CollectorError
 from collectors.failpoints import Failpoints
+from collectors.settings import InstanceSettings
 from pipeline.streams import StreamStore, StreamStoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,12 @@ class Sender:
 
     def __init__(
         self,
-        config: InstanceConfig,
+        settings: InstanceSettings,
         buffer: Buffer,
         failpoints: Failpoints,
         store_opener: Callable[[str], StreamStore] = open_store,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self.buffer = buffer
         self.failpoints = failpoints
         self.store_opener = store_opener
@@ -55,7 +55,7 @@ class Sender:
 
     def run(self, drain: threading.Event, halt: threading.Event) -> None:
         """Send until `halt` is set, or until `drain` is set and the buffer is empty."""
-        self.buffer.set_meta(_identity(self.config))
+        self.buffer.set_meta(_identity(self.settings))
         while not halt.is_set():
             # Read before the step: an empty queue ends the drain only if it was seen after
             # the drivers had stopped (they stop before `drain` is set), not before their
@@ -90,25 +90,25 @@ class Sender:
 
     def _lingering(self, drain: threading.Event) -> bool:
         """With `linger_ms`, wait that long after a send for a fuller batch."""
-        linger = self.config.linger_ms / 1000.0
+        linger = self.settings.linger_ms / 1000.0
         if not linger or drain.is_set() or time.monotonic() - self._last_send >= linger:
             return False
-        return self.buffer.queued() < self.config.max_events_per_txn
+        return self.buffer.queued() < self.settings.max_events_per_txn
 
     def _connect(self) -> TransactionCoordinator:
         if self.coordinator is None:
-            store = self.store_opener(self.config.store)
+            store = self.store_opener(self.settings.store)
             self.store = store
-            store.create_stream(self.config.stream, segments=self.config.segments)
+            store.create_stream(self.settings.stream, segments=self.settings.segments)
             self.coordinator = TransactionCoordinator(
-                store, self.buffer, self.config, self.failpoints
+                store, self.buffer, self.settings, self.failpoints
             )
             self.buffer.set_meta({"txn_protocol": self.coordinator.protocol})
             log.info(
                 "%s: connected to %s, sending to %s (%s protocol)",
-                self.config.name,
-                self.config.store,
-                self.config.stream,
+                self.settings.name,
+                self.settings.store,
+                self.settings.stream,
                 self.coordinator.protocol,
             )
         return self.coordinator
@@ -119,14 +119,14 @@ class Sender:
                 self.coordinator.forget_committed()
             except Exception as exc:  # recovery will recommit (a no-op) and forget it
                 log.warning(
-                    "%s: could not forget a committed transaction: %s", self.config.name, exc
+                    "%s: could not forget a committed transaction: %s", self.settings.name, exc
                 )
         store, self.store, self.coordinator = self.store, None, None
         if store is not None:
             try:
                 store.close()
             except Exception as exc:
-                log.debug("%s: closing the store failed: %s", self.config.name, exc)
+                log.debug("%s: closing the store failed: %s", self.settings.name, exc)
 
     def _failed(self, exc: Exception) -> None:
         self._close_store()
@@ -135,12 +135,15 @@ class Sender:
         message = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, _EXPECTED):
             log.warning(
-                "%s: sending failed, retrying in %.1fs: %s", self.config.name, self._delay, message
+                "%s: sending failed, retrying in %.1fs: %s",
+                self.settings.name,
+                self._delay,
+                message,
             )
         else:
             log.exception(
                 "%s: unexpected error while sending, retrying in %.1fs",
-                self.config.name,
+                self.settings.name,
                 self._delay,
             )
         now = time.monotonic()
@@ -149,12 +152,12 @@ class Sender:
             try:
                 self.buffer.record_error("sender", message)
             except Exception as record_exc:  # the buffer itself may be the problem
-                log.error("%s: cannot record the error: %s", self.config.name, record_exc)
+                log.error("%s: cannot record the error: %s", self.settings.name, record_exc)
         self._heartbeat(force=True, state=f"retrying: {message}")
 
     def _succeeded(self) -> None:
         if self._delay:
-            log.info("%s: sending again after a failure", self.config.name)
+            log.info("%s: sending again after a failure", self.settings.name)
             self._delay = 0.0
             self._last_error = ""
 
@@ -172,15 +175,15 @@ class Sender:
                 }
             )
         except Exception as exc:
-            log.warning("%s: cannot write the heartbeat: %s", self.config.name, exc)
+            log.warning("%s: cannot write the heartbeat: %s", self.settings.name, exc)
 
 
-def _identity(config: InstanceConfig) -> dict[str, str]:
+def _identity(settings: InstanceSettings) -> dict[str, str]:
     return {
-        "instance": config.name,
-        "driver": config.driver,
-        "stream": config.stream,
-        "store": config.store,
-        "capacity_events": str(config.capacity_events),
+        "instance": settings.name,
+        "driver": settings.driver,
+        "stream": settings.stream,
+        "store": settings.store,
+        "capacity_events": str(settings.capacity_events),
         "started_ns": str(time.time_ns()),
     }

@@ -1,13 +1,11 @@
 """`sluice collect`: run every configured instance until SIGTERM/SIGINT, then drain and exit.
 
-Start-up checks everything before anything starts: the configuration (`config.py`) and each
-driver's outside world (interface, device, directories, broker). A problem is one
-`SluiceError` line, and nothing has been sampled.
-
-Shutdown: drivers stop sampling and hand their partial batches to the buffer; senders then
-send what is buffered for up to `drain_timeout_seconds`; whatever is left stays in the
-buffer, safe, and is sent at the next start. The service also ends, after draining, when
-every driver has finished on its own (a generator with `max_samples`).
+Start-up checks the settings and each driver's outside world (interface, device, directories,
+broker) before anything starts: a problem is one `SluiceError` line, and nothing is sampled.
+Shutdown: drivers stop and hand their partial batches to the buffer; senders send what is
+buffered for up to `drain_timeout_seconds`; what is left stays in the buffer, safe, and is
+sent at the next start. The service also ends, after draining, when every driver has finished
+on its own (a generator with `max_samples`).
 """
 
 from __future__ import annotations
@@ -18,33 +16,34 @@ import threading
 import time
 from collections.abc import Callable
 
-from collectors.config import CollectorConfig, InstanceConfig
-from collectors.drivers import Driver, find_spec
+from collectors.drivers.base import Driver
+from collectors.drivers.registry import find_spec
 from collectors.failpoints import Failpoints
 from collectors.instance import Instance
+from collectors.settings import CollectorSettings, InstanceSettings
 from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)
 
 
-def create_driver(config: InstanceConfig) -> Driver:
+def create_driver(settings: InstanceSettings) -> Driver:
     """Build the instance's driver, checking its device/interface/directories/broker."""
-    found = find_spec(config.driver)
-    assert found is not None, config.driver  # config.py only accepts known drivers
-    return found[0].load().create(config)
+    found = find_spec(settings.driver)
+    assert found is not None, settings.driver  # settings.py accepts known drivers only
+    return found[0].load().create(settings)
 
 
 def run_service(
-    config: CollectorConfig,
+    settings: CollectorSettings,
     failpoints: Failpoints,
     stop: threading.Event | None = None,
     store_opener: Callable[[str], StreamStore] = open_store,
     install_signals: bool = True,
 ) -> int:
     """Run until `stop` is set (SIGTERM/SIGINT with `install_signals`) or all drivers end."""
-    for note in config.notes:
+    for note in settings.notes:
         log.warning(note)
-    drivers = [(inst, create_driver(inst)) for inst in config.instances]
+    drivers = [(inst, create_driver(inst)) for inst in settings.instances]
     stop = stop or threading.Event()
     if install_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -60,7 +59,7 @@ def run_service(
         why = "stop requested" if stop.is_set() else "every driver has finished"
         log.info("%s: stopping drivers and draining buffers", why)
     finally:
-        _shutdown(instances, config.drain_timeout_seconds)
+        _shutdown(instances, settings.drain_timeout_seconds)
     return 0
 
 
@@ -71,7 +70,7 @@ def _shutdown(instances: list[Instance], drain_timeout: float) -> None:
     for instance in instances:
         instance.join_driver(max(0.0, deadline - time.monotonic()))
         if instance.driver_running:
-            log.error("%s: driver did not stop in time", instance.config.name)
+            log.error("%s: driver did not stop in time", instance.settings.name)
         instance.drain.set()
     for instance in instances:
         instance.join_sender(max(0.0, deadline - time.monotonic()))
@@ -82,7 +81,7 @@ def _shutdown(instances: list[Instance], drain_timeout: float) -> None:
             log.error(
                 "%s: still busy after the drain timeout; exiting anyway (the buffer and the "
                 "transaction records make this as safe as a crash)",
-                instance.config.name,
+                instance.settings.name,
             )
             continue
         _report_left(instance)
@@ -94,8 +93,8 @@ def _report_left(instance: Instance) -> None:
     if left:
         log.warning(
             "%s: %d events stay in the buffer and will be sent at the next start",
-            instance.config.name,
+            instance.settings.name,
             left,
         )
     else:
-        log.info("%s: buffer drained", instance.config.name)
+        log.info("%s: buffer drained", instance.settings.name)

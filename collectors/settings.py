@@ -1,150 +1,236 @@
-"""Reading one table of settings into typed values, with one clear line for a bad one.
+"""The collector's settings: `collector.toml` and the Pravega Sensor Collector's environment
+variables, validated once at start-up into frozen, typed objects (`CollectorSettings`, and one
+`InstanceSettings` per instance).
 
-A table comes from `collector.toml` (typed TOML values) or from the Pravega Sensor Collector's
-environment variables (strings); each value remembers where it came from, so an error names
-the exact key or variable to fix. `finish()` refuses keys nobody asked for: a misspelt
-setting is an error at start-up, not a silently ignored default.
+Instances from the environment (`psc_env.py`) join those of the file; an instance named in
+both takes the environment's values over the file's. Each driver reads its own keys with its
+`parse_options` (found through `drivers/registry.py`). Every problem is one `ConfigError` line
+that names the key (or variable) to fix; `collector.example.toml` lists every setting.
 """
 
 from __future__ import annotations
 
-import math
+import re
+import socket
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal
 
+from collectors.buffer import WhenFull
+from collectors.drivers.registry import find_spec, known_names
 from collectors.errors import ConfigError
+from collectors.options import Option, OptionsReader, from_toml
+from collectors.psc_env import PREFIX, instances_from_env, variable_names
+from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS, InvalidName, parse_stream
 
-_MISSING = object()
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
+_INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
+_COLLECTOR_KEYS = ("store", "state_dir", "drain_timeout_seconds")
+
+#: How the sender commits a batch (see `coordinator.py`): `flush` needs a store whose
+#: transactions can be flushed, `commit` works with any store, `auto` picks by the store.
+TxnProtocol = Literal["auto", "flush", "commit"]
+TXN_PROTOCOLS: tuple[TxnProtocol, ...] = ("auto", "flush", "commit")
 
 
 @dataclass(frozen=True, slots=True)
-class Setting:
-    """A raw value and where it was set (`collector.toml key` or `ENV_VAR`)."""
+class InstanceSettings:
+    """One driver instance: what it samples, where it buffers, which stream it feeds."""
 
-    value: Any
-    origin: str
-
-
-class SettingsReader:
-    """Typed access to one table of settings; `where` names the table in error messages."""
-
-    def __init__(
-        self, where: str, table: Mapping[str, Setting], names: Mapping[str, str] | None = None
-    ) -> None:
-        self.where = where
-        self._table = dict(table)
-        self._names = dict(names or {})  # how to name a missing key (its variable, say)
-        self._used: set[str] = set()
-
-    def has(self, key: str) -> bool:
-        return key in self._table
-
-    def origin(self, key: str) -> str:
-        setting = self._table.get(key)
-        return setting.origin if setting else key
-
-    def _get(self, key: str, default: Any) -> Any:
-        self._used.add(key)
-        if key in self._table:
-            return self._table[key].value
-        if default is _MISSING:
-            self.fail(key, "is required but not set")
-        return default
-
-    def fail(self, key: str, problem: str, hint: str = "") -> NoReturn:
-        """Raise `ConfigError` about `key` (named as the user wrote it)."""
-        setting = self._table.get(key)
-        if setting is not None:
-            problem = f"{setting.origin} = {setting.value!r} {problem}"
-        else:
-            problem = f"{self._names.get(key, key)} {problem}"
-        raise ConfigError(self.where, problem, hint)
-
-    def text(self, key: str, default: Any = _MISSING) -> str:
-        value = self._get(key, default)
-        if value is None:
-            return value
-        if not isinstance(value, str) or (not value.strip() and default is _MISSING):
-            self.fail(key, "must be a non-empty text")
-        return value.strip()
-
-    def integer(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> int:
-        value = self._get(key, default)
-        if isinstance(value, str):
-            try:
-                value = int(value.strip().replace("_", ""))
-            except ValueError:
-                self.fail(key, "is not a whole number")
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, "is not a whole number")
-        if minimum is not None and value < minimum:
-            self.fail(key, f"must be at least {minimum}")
-        return value
-
-    def number(self, key: str, default: Any = _MISSING, positive: bool = False) -> float:
-        value = self._get(key, default)
-        if isinstance(value, str):
-            try:
-                value = float(value.strip())
-            except ValueError:
-                self.fail(key, "is not a number")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(key, "is not a number")
-        if not math.isfinite(value):
-            self.fail(key, "must be a finite number")
-        if positive and value <= 0:
-            self.fail(key, "must be greater than 0")
-        if value < 0:
-            self.fail(key, "must not be negative")
-        return float(value)
-
-    def flag(self, key: str, default: Any = _MISSING) -> bool:
-        value = self._get(key, default)
-        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
-        if not isinstance(value, bool):
-            self.fail(key, "is not true or false")
-        return value
-
-    def choice(
-        self, key: str, choices: tuple[str, ...], default: Any = _MISSING, hint: str = ""
-    ) -> str:
-        value = self.text(key, default)
-        if value not in choices:
-            self.fail(key, f"is not one of {', '.join(choices)}", hint)
-        return value
-
-    def texts(self, key: str, default: Any = _MISSING) -> tuple[str, ...]:
-        """A TOML list of texts, or a comma-separated text (the environment's form)."""
-        value = self._get(key, default)
-        if isinstance(value, str):
-            value = [part for part in (p.strip() for p in value.split(",")) if part]
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            self.fail(key, "must be a list of texts (or one comma-separated text)")
-        if not value:
-            self.fail(key, "must not be empty")
-        return tuple(v.strip() for v in value)
-
-    def path(self, key: str, default: Any = _MISSING) -> Path:
-        value = self._get(key, default)
-        if isinstance(value, Path):
-            return value
-        if not isinstance(value, str) or not value.strip():
-            self.fail(key, "must be a path")
-        return Path(value.strip()).expanduser()
-
-    def finish(self, known_hint: str = "") -> None:
-        """Refuse any key that no one read."""
-        unknown = sorted(set(self._table) - self._used)
-        if unknown:
-            names = ", ".join(self._table[k].origin for k in unknown)
-            raise ConfigError(self.where, f"unknown setting {names}", known_hint)
+    name: str
+    driver: str
+    stream: str
+    store: str
+    routing_key: str | None
+    samples_per_event: int
+    buffer_file: Path
+    capacity_events: int
+    when_full: WhenFull
+    max_events_per_txn: int
+    max_txn_bytes: int
+    linger_ms: int
+    txn_lease_seconds: float
+    txn_protocol: TxnProtocol
+    segments: int
+    options: Any  # the driver module's own frozen `Options`
 
 
-def from_toml(table: Mapping[str, Any], prefix: str) -> dict[str, Setting]:
-    """Wrap a TOML table's values with their origin (`prefix.key`)."""
-    return {key: Setting(value, f"{prefix}.{key}") for key, value in table.items()}
+@dataclass(frozen=True, slots=True)
+class CollectorSettings:
+    instances: tuple[InstanceSettings, ...]
+    state_dir: Path
+    drain_timeout_seconds: float
+    notes: tuple[str, ...]  # settings accepted but without effect here: logged at start-up
+
+
+def load_settings(
+    path: Path | None,
+    environ: Mapping[str, str],
+    default_store: str,
+    home: Path,
+    store_override: str | None = None,
+) -> CollectorSettings:
+    """Read `path` (if given) and `environ`, check everything, return the settings."""
+    document = _read_toml(path) if path is not None else {}
+    where = str(path) if path is not None else "collector"
+    unknown = sorted(set(document) - {"collector", "instances"})
+    if unknown:
+        raise ConfigError(
+            where, f"unknown table {', '.join(unknown)}", "use [collector] and [instances.NAME]"
+        )
+    top = OptionsReader(
+        f"{where} [collector]", from_toml(document.get("collector", {}), "collector")
+    )
+    store = store_override or top.text("store", default_store)
+    state_dir = top.path("state_dir", home / "collector")
+    drain = top.number("drain_timeout_seconds", 30.0)
+    top.finish(f"known: {', '.join(_COLLECTOR_KEYS)}")
+
+    tables = {
+        name: from_toml(t, f"instances.{name}") for name, t in _toml_instances(document, where)
+    }
+    for name, table in instances_from_env(environ).items():
+        match = next((n for n in tables if n.lower() == name.lower()), name)
+        tables[match] = {**tables.get(match, {}), **table}
+    if not tables:
+        raise ConfigError(
+            where,
+            "no collector instances are configured",
+            "add [instances.NAME] with a driver, or set PRAVEGA_SENSOR_COLLECTOR_<NAME>_CLASS",
+        )
+    notes: list[str] = []
+    instances = tuple(
+        _instance(name, table, store, state_dir, notes) for name, table in sorted(tables.items())
+    )
+    _check_distinct_buffers(instances)
+    return CollectorSettings(instances, state_dir, drain, tuple(notes))
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(
+            str(path), "file not found", "pass --config with an existing file"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+
+
+def _toml_instances(document: dict, where: str) -> list[tuple[str, dict]]:
+    instances = document.get("instances", {})
+    if not isinstance(instances, dict) or not all(isinstance(v, dict) for v in instances.values()):
+        raise ConfigError(where, "[instances] must hold one table per instance", "[instances.NAME]")
+    return list(instances.items())
+
+
+def _instance(
+    name: str, table: dict[str, Option], store: str, state_dir: Path, notes: list[str]
+) -> InstanceSettings:
+    if not _INSTANCE_NAME.fullmatch(name):
+        msg = f"instance {name!r}"
+        raise ConfigError(msg, "invalid name", "use letters, digits, '_', '-', '.'")
+    r = OptionsReader(f"instance {name}", table)
+    driver_name = r.text("driver")
+    found = find_spec(driver_name)
+    if found is None:
+        r.fail(
+            "driver",
+            "is not a known driver class",
+            f"use one of {known_names()} (or a Pravega Sensor Collector class name they replace)",
+        )
+    spec, implied = found
+    for key, value in implied.items():
+        table.setdefault(key, Option(value, f"{r.origin('driver')} (implied)"))
+    from_env = r.origin("driver").startswith(PREFIX)
+    names = variable_names(name, spec.env_keys) if from_env else {}
+    r = OptionsReader(f"instance {name} ({spec.name})", table, names)
+    r.text("driver")
+    _legacy_settings(r, notes)
+    stream = _stream(r)
+    lease = _lease_seconds(r)
+    settings = InstanceSettings(
+        name=name,
+        driver=spec.name,
+        stream=stream,
+        store=r.text("store", store),
+        routing_key=r.text("routing_key", socket.gethostname()) or None,
+        samples_per_event=r.integer("samples_per_event", 1000, minimum=1),
+        buffer_file=r.path("buffer_file", state_dir / f"{name}.db").absolute(),
+        capacity_events=r.integer("capacity_events", 100_000, minimum=1),
+        when_full=r.choice("when_full", ("block", "shed"), "block"),  # type: ignore[arg-type]
+        max_events_per_txn=r.integer("max_events_per_txn", 1000, minimum=1),
+        max_txn_bytes=r.integer("max_txn_bytes", 64 * 1024 * 1024, minimum=1),
+        linger_ms=r.integer("linger_ms", 0, minimum=0),
+        txn_lease_seconds=lease,
+        txn_protocol=r.choice(  # type: ignore[arg-type]
+            "txn_protocol",
+            TXN_PROTOCOLS,
+            "auto",
+            "auto picks flush where the store can flush transactions, commit where it cannot",
+        ),
+        segments=r.integer("segments", 1, minimum=1),
+        options=spec.load().parse_options(r),
+    )
+    r.finish("see collectors/collector.example.toml for the settings of each driver")
+    return settings
+
+
+def _stream(r: OptionsReader) -> str:
+    stream = r.text("stream")
+    if r.has("scope"):
+        scope = r.text("scope")
+        if "/" in stream:
+            r.fail("stream", "is already SCOPE/STREAM", "drop the separate scope setting")
+        stream = f"{scope}/{stream}"
+    try:
+        parse_stream(stream)
+    except InvalidName as exc:
+        r.fail("stream", f"is not a valid stream name ({exc.reason})", "use SCOPE/STREAM")
+    return stream
+
+
+def _lease_seconds(r: OptionsReader) -> float:
+    if r.has("transaction_timeout_minutes"):
+        return r.number("transaction_timeout_minutes", positive=True) * 60.0
+    return r.number("txn_lease_seconds", float(DEFAULT_TXN_LEASE_SECONDS), positive=True)
+
+
+def _legacy_settings(r: OptionsReader, notes: list[str]) -> None:
+    """Pravega Sensor Collector settings that have no effect here: accepted, and said so at
+    start-up."""
+    where = r.where
+    if r.has("exactly_once") and not r.flag("exactly_once"):
+        notes.append(
+            f"{where}: {r.origin('exactly_once')}=false ignored: this collector always sends "
+            "through transactions (exactly-once)"
+        )
+    if r.has("create_scope"):
+        r.flag("create_scope")
+        notes.append(f"{where}: {r.origin('create_scope')} ignored: scopes are always created")
+    if r.has("memory_queue_capacity_elements"):
+        r.integer("memory_queue_capacity_elements", minimum=1)
+        notes.append(
+            f"{where}: {r.origin('memory_queue_capacity_elements')} ignored: there is no memory "
+            "queue; samples go to the SQLite buffer (see capacity_events)"
+        )
+    if r.has("enable_large_event") and r.flag("enable_large_event"):
+        notes.append(
+            f"{where}: {r.origin('enable_large_event')} ignored: events over 8 MiB are split "
+            "into smaller ones before they are buffered"
+        )
+
+
+def _check_distinct_buffers(instances: tuple[InstanceSettings, ...]) -> None:
+    seen: dict[Path, str] = {}
+    for inst in instances:
+        other = seen.setdefault(inst.buffer_file, inst.name)
+        if other != inst.name:
+            msg = f"instance {inst.name}"
+            raise ConfigError(
+                msg,
+                f"buffer_file {inst.buffer_file} is also the buffer of instance {other}",
+                "give each instance its own buffer file",
+            )

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from collectors.batch import format_timestamp
 from collectors.buffer import PROMISED_UP_TO
-from collectors.config import CollectorConfig, InstanceConfig
+from collectors.buffer.status import read_counters, read_meta
+from collectors.settings import CollectorSettings, InstanceSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +47,12 @@ class InstanceStatus:
         return asdict(self)
 
 
-def collect_status(config: CollectorConfig, now_ns: int | None = None) -> list[InstanceStatus]:
+def collect_status(settings: CollectorSettings, now_ns: int | None = None) -> list[InstanceStatus]:
     now_ns = now_ns or time.time_ns()
-    return [instance_status(inst, now_ns) for inst in config.instances]
+    return [instance_status(inst, now_ns) for inst in settings.instances]
 
 
-def instance_status(inst: InstanceConfig, now_ns: int) -> InstanceStatus:
+def instance_status(inst: InstanceSettings, now_ns: int) -> InstanceStatus:
     base = {
         "name": inst.name,
         "driver": inst.driver,
@@ -77,7 +78,7 @@ def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
         "SELECT coalesce(sum(samples), 0) FROM events WHERE id > ?", (queued_after,)
     ).fetchone()[0]
     states = dict(conn.execute("SELECT state, count(*) FROM txns GROUP BY state"))
-    meta = dict(conn.execute("SELECT key, value FROM meta"))
+    meta = read_meta(conn)
     last = int(meta["last_committed_ns"]) if "last_committed_ns" in meta else None
     errors = [
         {"time": format_timestamp(t), "source": s, "message": m}
@@ -95,7 +96,7 @@ def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
         "last_committed_ns": last,
         "lag_seconds": None if last is None else max(0.0, (now_ns - last) / 1e9),
         "oldest_buffered_ns": oldest,
-        "counters": dict(conn.execute("SELECT name, value FROM counters ORDER BY name")),
+        "counters": read_counters(conn),
         "last_errors": errors,
     }
 

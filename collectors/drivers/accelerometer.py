@@ -1,26 +1,11 @@
 """Accelerometer driver: the Linux IIO buffer of an ST lng2dm (or any 3-axis IIO device).
 
-The device (or a FIFO standing in for it) yields 16-byte little-endian records:
-
-    x, y, z: int8 | 5 pad bytes | timestamp: int64 nanoseconds since the epoch
-
-Each axis is multiplied by its `in_accel_{x,y,z}_scale` read once from the device's sysfs
-directory, and events are written as the reference's AccelerometerDriver writes them:
-
-    {"TimestampNanos":[...],"X":[...],"Y":[...],"Z":[...],"RemoteAddr":"<host>",
-     "LastTimestampFormatted":"..."}
-
-The device is read without blocking (poll with a timeout), so a stop request is honoured
-within a quarter second even when no data flows. When the writer of a FIFO goes away the
-FIFO is opened again and reading resumes with the next writer; a record split across two
-reads is joined.
-
-Delivery guarantee: **exactly-once from the buffer on**. Records of the batch being filled
-live in memory and are lost on a crash (a clean stop buffers them); the kernel's IIO buffer
-cannot be re-read, so nothing better is possible for them.
-
-Settings: `device_file` (required; e.g. /dev/iio:device0), `sysfs_dir` (required; e.g.
-/sys/bus/iio/devices/iio:device0).
+Reads 16-byte records (x, y, z as int8, a nanosecond timestamp), scales each axis by the
+device's sysfs `in_accel_*_scale` and writes events in the layout of the Pravega Sensor
+Collector's `AccelerometerDriver`. Delivery guarantee: **at-most-once** into the buffer,
+exactly-once from it on: the records of the batch being filled are lost on a crash (a clean
+stop buffers them), because the kernel's IIO buffer cannot be read again.
+Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations
@@ -34,10 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch
-from collectors.config import InstanceConfig
+from collectors.drivers.base import DriverContext, DriverSettings, OptionsReader
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
 
 RECORD = struct.Struct("<bbb5xq")
 RECORD_SIZE = RECORD.size  # 16
@@ -51,12 +34,12 @@ class Options:
     sysfs_dir: Path
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     return Options(device_file=r.path("device_file"), sysfs_dir=r.path("sysfs_dir"))
 
 
-def create(config: InstanceConfig) -> AccelerometerDriver:
-    options: Options = config.options
+def create(settings: DriverSettings) -> AccelerometerDriver:
+    options: Options = settings.options
     scales = []
     for axis in AXES:
         path = options.sysfs_dir / f"in_accel_{axis}_scale"
@@ -64,22 +47,22 @@ def create(config: InstanceConfig) -> AccelerometerDriver:
             scales.append(float(path.read_text().split()[0]))
         except (OSError, ValueError, IndexError) as exc:
             problem = f"cannot read the {axis} scale from {path}: {exc}"
-            raise DriverError(config.name, "accelerometer", problem) from None
+            raise DriverError(settings.name, "accelerometer", problem) from None
     if not options.device_file.exists():
         problem = f"device file {options.device_file} does not exist"
-        raise DriverError(config.name, "accelerometer", problem)
-    return AccelerometerDriver(config, tuple(scales))
+        raise DriverError(settings.name, "accelerometer", problem)
+    return AccelerometerDriver(settings, tuple(scales))
 
 
 class AccelerometerDriver:
     """Reads 16-byte IIO records, scales them, batches them into events."""
 
-    def __init__(self, config: InstanceConfig, scales: tuple[float, ...]) -> None:
-        self.config = config
-        self.options: Options = config.options
+    def __init__(self, settings: DriverSettings, scales: tuple[float, ...]) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
         self.scales = scales
         self.is_fifo = stat.S_ISFIFO(os.stat(self.options.device_file).st_mode)
-        self.constants = {"RemoteAddr": config.routing_key or ""}
+        self.constants = {"RemoteAddr": settings.routing_key or ""}
 
     def run(self, ctx: DriverContext) -> None:
         batch = ColumnBatch(("X", "Y", "Z"), self.constants)
@@ -94,13 +77,13 @@ class AccelerometerDriver:
                     fd = self._after_eof(fd, ctx)
                     continue
                 partial = self._decode(partial + data, batch)
-                while len(batch) >= self.config.samples_per_event:
-                    taken = batch.detach(self.config.samples_per_event)
-                    ctx.append(taken.take_events(self.config.routing_key))
+                while len(batch) >= self.settings.samples_per_event:
+                    taken = batch.detach(self.settings.samples_per_event)
+                    ctx.append(taken.take_events(self.settings.routing_key))
         finally:
             os.close(fd)
         if len(batch):
-            ctx.append(batch.take_events(self.config.routing_key))
+            ctx.append(batch.take_events(self.settings.routing_key))
         if partial:
             ctx.log.warning("stopped with %d bytes of an incomplete record", len(partial))
 

@@ -1,33 +1,11 @@
 """Files driver: CSV or Parquet files dropped into directories, each ingested exactly once.
 
-Every `scan_interval_ms` the directories are listed; files with the configured extension
-that have not changed for `settle_ms` (so are no longer being written) are taken in name
-order. Hidden files and names ending in .tmp, .part, .partial or ~ are never taken: write a
-file under such a name and rename it when complete, and it is never seen half-written.
-
-For each file:
-
-1. the whole file is read and checked (`tabular.validate`); a malformed one is moved to the
-   failed folder with a `<name>.reason.txt` beside it, before any row of it is buffered;
-2. its rows are batched into events (`samples_per_event` rows each, as a JSON array of
-   row objects like the reference's CSV ingest) and appended to the buffer, up to 100
-   events per SQLite commit; the SAME commit records the file (path, size, mtime, inode)
-   and how many rows are buffered, and the last one marks it done;
-3. a done file is deleted (`delete_completed`), moved to `completed_dir`, or left in place
-   (and remembered, so it is not taken again while it is unchanged).
-
-Delivery guarantee: **exactly-once per file**, across crashes at any point. The file's
-progress and its rows enter the buffer in one SQLite transaction, and the buffer reaches the
-stream exactly once (`coordinator.py`). The reference commits the stream transaction before
-recording the file, so a crash in between sends the file twice; here nothing is committed
-to the stream that the buffer has not recorded first. A file that changes while being
-ingested is moved to the failed folder with the number of rows already sent.
-
-Settings: `directories` (required; the reference's FILE_SPEC), `format` (csv or parquet),
-`extension` (default: the format's), `settle_ms` (default 5000), `scan_interval_ms`
-(default 1000), `delete_completed` (default false), `completed_dir`, `failed_dir` (default
-`<buffer dir>/<instance>.failed`), `time_column` and `time_unit` (ns, us, ms, s, iso; rows
-without a time column take the file's modification time), `delimiter` (CSV, default ",").
+Settled files are taken in name order, checked whole (`collectors/tabular.py`: a bad one goes
+to the failed folder with its reason), batched into events and buffered, then deleted, moved
+or remembered. Delivery guarantee: **exactly-once per file**, across crashes at any point:
+each SQLite commit that buffers rows of a file also records how far the file got
+(`FileRecord`), so a restart resumes after the last buffered row and a done file is not
+taken again. Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations
@@ -42,13 +20,15 @@ from pathlib import Path
 from typing import Literal
 
 from collectors.batch import encode_json
-from collectors.buffer import Appended
-from collectors.config import InstanceConfig
-from collectors.drivers.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
+from collectors.drivers.base import (
+    Appended,
+    DriverContext,
+    DriverSettings,
+    OptionsReader,
+    PendingEvent,
+)
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
-from collectors.state import PendingEvent
+from collectors.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
 
 EVENTS_PER_COMMIT = 100
 FILE_STATE_VERSION = 1
@@ -97,7 +77,7 @@ class FileRecord:
         return (self.size, self.mtime_ns, self.inode) == (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     kind = r.choice("format", ("csv", "parquet"), "csv")
     time_column = r.text("time_column", None)
     table = TableFormat(
@@ -123,22 +103,22 @@ def parse_options(r: SettingsReader) -> Options:
     )
 
 
-def create(config: InstanceConfig) -> FilesDriver:
-    options: Options = config.options
+def create(settings: DriverSettings) -> FilesDriver:
+    options: Options = settings.options
     for directory in options.directories:
         if not directory.is_dir():
             problem = f"directory {directory} does not exist (set directories / FILE_SPEC)"
-            raise DriverError(config.name, "files", problem)
-    return FilesDriver(config)
+            raise DriverError(settings.name, "files", problem)
+    return FilesDriver(settings)
 
 
 class FilesDriver:
     """Scans directories and ingests each settled file exactly once."""
 
-    def __init__(self, config: InstanceConfig) -> None:
-        self.config = config
-        self.options: Options = config.options
-        default_failed = config.buffer_file.parent / f"{config.name}.failed"
+    def __init__(self, settings: DriverSettings) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
+        default_failed = settings.buffer_file.parent / f"{settings.name}.failed"
         self.failed_dir = self.options.failed_dir or default_failed
 
     def run(self, ctx: DriverContext) -> None:
@@ -222,7 +202,7 @@ class FilesDriver:
             self._completed(ctx, path)
 
     def _events(self, path: Path, st: os.stat_result, start: int) -> Iterator[PendingEvent]:
-        per_event = self.config.samples_per_event
+        per_event = self.settings.samples_per_event
         batch: list[dict] = []
         times: list[int] = []
         for row, time_ns in rows(path, self.options.table, start):
@@ -236,7 +216,7 @@ class FilesDriver:
 
     def _event(self, batch: list[dict], times: list[int]) -> PendingEvent:
         payload = encode_json(batch)
-        return PendingEvent(payload, self.config.routing_key, min(times), max(times), len(batch))
+        return PendingEvent(payload, self.settings.routing_key, min(times), max(times), len(batch))
 
     def _commit(
         self, ctx: DriverContext, events: list[PendingEvent], state: FileRecord, done: bool
@@ -288,7 +268,7 @@ class FilesDriver:
         self.failed_dir.mkdir(parents=True, exist_ok=True)
         target = _free_name(self.failed_dir / path.name)
         note = target.with_name(target.name + ".reason.txt")
-        note.write_text(f"{path}\n{reason}\ninstance {self.config.name}, {time.ctime()}\n")
+        note.write_text(f"{path}\n{reason}\ninstance {self.settings.name}, {time.ctime()}\n")
         try:
             _move(path, self.failed_dir, target)
         except FileNotFoundError:

@@ -1,20 +1,11 @@
 """Generator driver: a synthetic sensor at a chosen rate, numbering every sample.
 
-Each sample carries `Sequence` (0, 1, 2, ... across restarts), its time and a `Value` that is
-a pure function of the sequence number (`Sequence * 37 % 1000`), so tests and benchmarks
-can check that the stream holds every sample exactly once, in order:
-
-    {"TimestampNanos":[...],"Sequence":[...],"Value":[...],"Sensor":"gen1",
-     "RemoteAddr":"host","LastTimestampFormatted":"..."}
-
-Delivery guarantee: **exactly-once**. The next sequence number is stored in the buffer in the
-same SQLite commit as the events that used the previous ones, so after a crash the generator
-resumes exactly where the buffer ends: a batch lost with the process is generated again with
-the same numbers (new timestamps), and nothing stored is generated twice.
-
-Settings: `samples_per_sec` (> 0; a very high rate means "as fast as the buffer takes
-them"), `max_samples` (stop after this many in total; default: run forever), `sensor` (the
-`Sensor` field; default the instance name).
+`Sequence` counts 0, 1, 2, ... across restarts and `Value` is a pure function of it, so tests
+and benchmarks can check that the stream holds every sample once, in order. Delivery
+guarantee: **exactly-once**: the next sequence number is stored in the same SQLite commit as
+the events that used the previous ones, so after a crash the generator resumes where the
+buffer ends (a lost batch is generated again with the same numbers; nothing stored is
+generated twice). Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations
@@ -25,11 +16,13 @@ import time
 from dataclasses import dataclass
 
 from collectors.batch import columns_to_events
-from collectors.buffer import Appended
-from collectors.config import InstanceConfig
-from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
-from collectors.state import CursorState
+from collectors.drivers.base import (
+    Appended,
+    CursorState,
+    DriverContext,
+    DriverSettings,
+    OptionsReader,
+)
 
 CURSOR = "generator"
 CURSOR_VERSION = 1
@@ -44,7 +37,7 @@ class Options:
     sensor: str | None
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     return Options(
         samples_per_sec=r.number("samples_per_sec", 1000.0, positive=True),
         max_samples=r.integer("max_samples", None, minimum=1) if r.has("max_samples") else None,
@@ -52,20 +45,20 @@ def parse_options(r: SettingsReader) -> Options:
     )
 
 
-def create(config: InstanceConfig) -> GeneratorDriver:
-    return GeneratorDriver(config)
+def create(settings: DriverSettings) -> GeneratorDriver:
+    return GeneratorDriver(settings)
 
 
 class GeneratorDriver:
     """Synthetic samples, paced per event, numbered from the stored cursor."""
 
-    def __init__(self, config: InstanceConfig) -> None:
-        self.config = config
-        self.options: Options = config.options
+    def __init__(self, settings: DriverSettings) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
         self.events_per_commit = EVENTS_PER_COMMIT
         self.constants = {
-            "Sensor": self.options.sensor or config.name,
-            "RemoteAddr": config.routing_key or "",
+            "Sensor": self.options.sensor or settings.name,
+            "RemoteAddr": settings.routing_key or "",
         }
 
     def run(self, ctx: DriverContext) -> None:
@@ -79,7 +72,7 @@ class GeneratorDriver:
         cursor = ctx.cursor(CURSOR)
         next_seq = int(cursor.value["next_seq"]) if cursor else 0
         schedule = _Schedule(self.options.samples_per_sec, next_seq)
-        per_event = self.config.samples_per_event
+        per_event = self.settings.samples_per_event
         self.events_per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
         burst = per_event * self.events_per_commit
         period = max(1, round(1e9 / self.options.samples_per_sec))  # whole nanoseconds
@@ -105,7 +98,7 @@ class GeneratorDriver:
     def _count(self, next_seq: int, due: int) -> int | None:
         """Samples to generate now: whole events that are due, at most `events_per_commit` of
         them (the last may be partial when `max_samples` ends mid-event); None when done."""
-        per_event = self.config.samples_per_event
+        per_event = self.settings.samples_per_event
         left = None if self.options.max_samples is None else self.options.max_samples - next_seq
         if left is not None and left <= 0:
             return None
@@ -123,7 +116,7 @@ class GeneratorDriver:
             "Sequence": list(sequence),
             "Value": [s * 37 % 1000 for s in sequence],
         }
-        return columns_to_events(columns, self.constants, self.config.routing_key)
+        return columns_to_events(columns, self.constants, self.settings.routing_key)
 
 
 class _Schedule:
@@ -156,7 +149,7 @@ class _Appender:
         self.queue: queue.Queue = queue.Queue(maxsize=2)
         self.running = True
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"{ctx.config.name}-append")
+        self.thread = threading.Thread(target=self._run, name=f"{ctx.settings.name}-append")
         self.thread.start()
 
     def put(self, events: list, cursor: CursorState) -> None:

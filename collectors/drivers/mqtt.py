@@ -1,35 +1,12 @@
 """MQTT driver: messages from subscribed topics, batched into events.
 
-Connects with paho-mqtt under a fixed client id and a persistent session (clean_session
-false), so the broker keeps queuing messages while the collector is down or busy. Messages
-are acknowledged by hand (paho's `manual_ack`) and only after the SQLite commit that stores
-them has returned, then batched into events:
-
-    {"TimestampNanos":[...],"Topic":[...],"Payload":[...],"RemoteAddr":"<host>",
-     "LastTimestampFormatted":"..."}
-
-`TimestampNanos` is the time of receipt (MQTT carries none). `payload_format` decides what
-`Payload` holds: `text` (UTF-8), `json` (the parsed value) or `base64`. A message that does
-not decode is quarantined in the buffer with the reason (see `sluice collect status`), and
-acknowledged: it is kept, not lost, and not redelivered forever.
-
-QoS: the subscription asks for QoS 1 even when `qos = 2` is configured (messages published
-at QoS 2 then arrive at QoS 1). paho answers a QoS 2 message with PUBREC before the
-application sees it, so a crash right after would lose a message the broker believes
-delivered; with QoS 1 nothing is acknowledged before it is buffered.
-
-Delivery guarantee: **at-least-once** into the buffer, exactly-once from the buffer on. A
-crash after the SQLite commit but before the PUBACK makes the broker redeliver that batch;
-MQTT gives no stable message identity (packet ids are reused) to tell the copy apart, so it
-is buffered again. Nothing is ever acknowledged and then lost.
-
-Flow control: the broker stops sending once `max_inflight` messages await their PUBACK
-(mosquitto's `max_inflight_messages`, default 20), so a batch is committed when it has
-`samples_per_event` messages, when that many are waiting, or `max_delay_ms` after its first.
-
-Settings: `topics` (required), `host` (localhost), `port` (1883), `qos` (1 or 2),
-`client_id`, `username`, `password`, `tls`, `ca_file`, `keepalive` (60), `payload_format`,
-`max_inflight` (20), `max_delay_ms` (200).
+A persistent session keeps the broker queuing while the collector is away; messages are
+acknowledged by hand, after the SQLite commit that buffers them (at QoS 1 even when 2 is
+configured: paho acknowledges QoS 2 before the application sees it). Undecodable messages are
+quarantined with their reason. Delivery guarantee: **at-least-once** into the buffer,
+exactly-once from it on: a crash between the commit and the acknowledgement makes the broker
+redeliver a batch, and MQTT has no stable message id to tell the copy apart.
+Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations
@@ -45,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from collectors.batch import columns_to_events
-from collectors.buffer import Appended
-from collectors.config import InstanceConfig
+from collectors.drivers.base import (
+    Appended,
+    DriverContext,
+    DriverSettings,
+    OptionsReader,
+    PendingEvent,
+)
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
-from collectors.state import PendingEvent
 from pipeline.streams import MAX_EVENT_SIZE
 
 _LARGEST_PAYLOAD = MAX_EVENT_SIZE - 64 * 1024  # leave room for the event's other fields
@@ -83,7 +62,7 @@ class Received:
     session: int  # which connection it came on: a PUBACK only means something on that one
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     topics = r.texts("topics")
     for topic in topics:
         if "#" in topic[:-1] or any("+" in p and p != "+" for p in topic.split("/")):
@@ -108,21 +87,21 @@ def parse_options(r: SettingsReader) -> Options:
     )
 
 
-def create(config: InstanceConfig) -> MqttDriver:
-    options: Options = config.options
+def create(settings: DriverSettings) -> MqttDriver:
+    options: Options = settings.options
     if options.ca_file is not None and not options.ca_file.is_file():
-        raise DriverError(config.name, "mqtt", f"ca_file {options.ca_file} does not exist")
-    return MqttDriver(config)
+        raise DriverError(settings.name, "mqtt", f"ca_file {options.ca_file} does not exist")
+    return MqttDriver(settings)
 
 
 class MqttDriver:
     """A paho client on its own network thread; this thread batches, buffers and acks."""
 
-    def __init__(self, config: InstanceConfig) -> None:
-        self.config = config
-        self.options: Options = config.options
-        self.client_id = self.options.client_id or f"sluice-{socket.gethostname()}-{config.name}"
-        self.constants = {"RemoteAddr": config.routing_key or ""}
+    def __init__(self, settings: DriverSettings) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
+        self.client_id = self.options.client_id or f"sluice-{socket.gethostname()}-{settings.name}"
+        self.constants = {"RemoteAddr": settings.routing_key or ""}
         self.inbox: queue.Queue[Received] = queue.Queue(maxsize=10_000)
         self.session = 0
         self.closing = threading.Event()
@@ -185,7 +164,7 @@ class MqttDriver:
         pending: list[Received] = []
         first_at = 0.0
         max_delay = self.options.max_delay_ms / 1000.0
-        limit = min(self.config.samples_per_event, self.options.max_inflight)
+        limit = min(self.settings.samples_per_event, self.options.max_inflight)
         while ctx.running:
             wait = 0.25 if not pending else max(0.0, first_at + max_delay - time.monotonic())
             try:
@@ -209,7 +188,7 @@ class MqttDriver:
                 "Topic": [m.topic for m, _ in good],
                 "Payload": [value for _, value in good],
             }
-            events = columns_to_events(columns, self.constants, self.config.routing_key)
+            events = columns_to_events(columns, self.constants, self.settings.routing_key)
 
         def quarantine(c: Any) -> None:
             for message, reason in bad:

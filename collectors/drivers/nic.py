@@ -1,31 +1,12 @@
-"""NIC driver: Linux network interface counters at up to 1000 samples/s or more.
+"""NIC driver: Linux network interface counters, sampled on a steady schedule.
 
-Reads `/sys/class/net/<interface>/statistics/<name>` for each configured statistic
-(default `rx_bytes,tx_bytes`), paced against the monotonic clock, and writes events exactly
-as the Pravega Sensor Collector's NetworkDriver does:
-
-    {"TimestampNanos":[...],"RxBytes":[...],"TxBytes":[...],"RemoteAddr":"<host>",
-     "Interface":"eth0","LastTimestampFormatted":"2020-12-30T21:29:17.809Z"}
-
-Other statistics add arrays named the same way (`rx_packets` -> `RxPackets`). Timestamps
-are wall-clock nanoseconds taken right after each wake-up (the reference truncates them to
-milliseconds). Sampling runs in a small separate process (`nic_sampler.py`, standard
-library only) that streams binary records to this driver, so the collector's own work
-(JSON, SQLite, the store, the GIL) never delays a wake-up. When the counters cannot be read
-(the interface went away) that is logged and recorded, no sample is taken until they can be
-read again: the reference would have stored zeros, wrong values rather than missing ones.
-
-Delivery guarantee: **exactly-once from the buffer on**; samples of the batch being filled
-(under `samples_per_event`) live in memory and die with the process on a crash (a clean
-stop buffers them). A counter cannot be read again for a past instant, so nothing better
-is possible for them.
-
-Settings: `interface` (required), `statistics`, `samples_per_sec` (> 0, default 10 as in
-the reference), `sysfs_root` (default `/sys/class/net`, for containers that mount the
-host's /sys elsewhere), `realtime_priority` (default 0 = off; 1-99 runs the sampling
-process under SCHED_FIFO so that a busy machine does not delay its wake-ups; it sleeps
-between samples, so it takes no more CPU. Needs CAP_SYS_NICE or RLIMIT_RTPRIO, which the
-systemd unit in docker/ grants; without it the sampler runs at normal priority, said once).
+Reads `/sys/class/net/<interface>/statistics/<name>` in a small sampling process
+(`collectors/nic_sampler.py`), so the collector's own work never delays a wake-up, and writes
+events in the layout of the Pravega Sensor Collector's `NetworkDriver`. An unreadable counter
+is reported and not sampled until it can be read again (never a made-up zero).
+Delivery guarantee: **at-most-once** into the buffer, exactly-once from it on: the samples of
+the batch being filled die with the process on a crash (a clean stop buffers them), because
+a counter cannot be read again for a past instant. Details and settings: DRIVERS.md.
 """
 
 from __future__ import annotations
@@ -38,11 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch, camel_case
-from collectors.config import InstanceConfig
-from collectors.drivers.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
+from collectors.drivers.base import DriverContext, DriverSettings, OptionsReader
 from collectors.errors import DriverError
-from collectors.instance import DriverContext
-from collectors.settings import SettingsReader
+from collectors.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +33,7 @@ class Options:
     realtime_priority: int
 
 
-def parse_options(r: SettingsReader) -> Options:
+def parse_options(r: OptionsReader) -> Options:
     statistics = r.texts("statistics", ("rx_bytes", "tx_bytes"))
     for name in statistics:
         if not name.replace("_", "").isalnum() or len(set(statistics)) != len(statistics):
@@ -71,15 +50,15 @@ def parse_options(r: SettingsReader) -> Options:
     )
 
 
-def _priority(r: SettingsReader) -> int:
+def _priority(r: OptionsReader) -> int:
     priority = r.integer("realtime_priority", 0, minimum=0)
     if priority > 99:
         r.fail("realtime_priority", "must be 0 (off) or a SCHED_FIFO priority from 1 to 99")
     return priority
 
 
-def create(config: InstanceConfig) -> NicDriver:
-    options: Options = config.options
+def create(settings: DriverSettings) -> NicDriver:
+    options: Options = settings.options
     stats_dir = options.sysfs_root / options.interface / "statistics"
     if not stats_dir.is_dir():
         found = sorted(p.name for p in options.sysfs_root.glob("*")) or ["none"]
@@ -87,28 +66,28 @@ def create(config: InstanceConfig) -> NicDriver:
             f"network interface {options.interface!r} not found (no {stats_dir}); "
             f"interfaces here: {', '.join(found)}"
         )
-        raise DriverError(config.name, "nic", problem)
+        raise DriverError(settings.name, "nic", problem)
     for name in options.statistics:
         path = stats_dir / name
         try:
             int(path.read_text())
         except (OSError, ValueError) as exc:
             problem = f"cannot read statistic {name!r} of {options.interface} ({path}): {exc}"
-            raise DriverError(config.name, "nic", problem) from None
-    return NicDriver(config, stats_dir)
+            raise DriverError(settings.name, "nic", problem) from None
+    return NicDriver(settings, stats_dir)
 
 
 class NicDriver:
     """Runs the sampling process and batches its records into events."""
 
-    def __init__(self, config: InstanceConfig, stats_dir: Path) -> None:
-        self.config = config
-        self.options: Options = config.options
+    def __init__(self, settings: DriverSettings, stats_dir: Path) -> None:
+        self.settings = settings
+        self.options: Options = settings.options
         self.stats_dir = stats_dir
         self.priority = self.options.realtime_priority
         self.columns = [camel_case(name) for name in self.options.statistics]
         self.constants = {
-            "RemoteAddr": config.routing_key or "",
+            "RemoteAddr": settings.routing_key or "",
             "Interface": self.options.interface,
         }
 
@@ -119,14 +98,14 @@ class NicDriver:
             if error is None or not self._wait_for_interface(ctx, error):
                 break
         if len(batch):
-            ctx.append(batch.take_events(self.config.routing_key))
+            ctx.append(batch.take_events(self.settings.routing_key))
 
     def _sample(self, ctx: DriverContext, batch: ColumnBatch) -> str | None:
         """Run one sampling process until stopped (None) or until it fails (the reason)."""
         paths = [str(self.stats_dir / name) for name in self.options.statistics]
         args = [str(self.options.samples_per_sec), str(self.priority), *paths]
         process = subprocess.Popen(
-            [sys.executable, "-m", "collectors.drivers.nic_sampler", *args],
+            [sys.executable, "-m", "collectors.nic_sampler", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -147,7 +126,7 @@ class NicDriver:
 
     def _read(self, ctx: DriverContext, process: subprocess.Popen, batch: ColumnBatch) -> None:
         fmt = record_format(len(self.options.statistics))
-        per_event = self.config.samples_per_event
+        per_event = self.settings.samples_per_event
         fd = process.stdout.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLHUP)
@@ -168,7 +147,7 @@ class NicDriver:
                 else:
                     batch.add(timestamp, values)
             while len(batch) >= per_event:
-                ctx.append(batch.detach(per_event).take_events(self.config.routing_key))
+                ctx.append(batch.detach(per_event).take_events(self.settings.routing_key))
 
     def _wait_for_interface(self, ctx: DriverContext, error: str) -> bool:
         """The interface went away: say so, and go on once its counters can be read again."""

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from collectors.config import CollectorConfig, load_config
+from collectors.settings import CollectorSettings, load_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,13 +44,13 @@ def _config_option(parser: argparse.ArgumentParser, default: object) -> None:
     )
 
 
-def _load(args: argparse.Namespace) -> CollectorConfig:
+def _load(args: argparse.Namespace) -> CollectorSettings:
     from pipeline.config import default_store_uri, sluice_home
 
     path = args.config
     if path is None and Path("collector.toml").exists():
         path = Path("collector.toml")
-    return load_config(path, os.environ, default_store_uri(), sluice_home(), args.store)
+    return load_settings(path, os.environ, default_store_uri(), sluice_home(), args.store)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -60,8 +60,8 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = _load(args)
-    return run_service(config, Failpoints(os.environ.get(ENV_VAR)))
+    settings = _load(args)
+    return run_service(settings, Failpoints(os.environ.get(ENV_VAR)))
 
 
 def _status(args: argparse.Namespace) -> int:

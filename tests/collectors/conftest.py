@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.config import CollectorConfig, load_config
 from collectors.failpoints import Failpoints
+from collectors.settings import CollectorSettings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,12 +51,12 @@ def write_config(tmp_path, store_dir) -> Callable[..., Path]:
 
 
 @pytest.fixture
-def make_config(write_config, tmp_path) -> Callable[..., CollectorConfig]:
+def make_config(write_config, tmp_path) -> Callable[..., CollectorSettings]:
     def make(
         instances: dict[str, dict], environ: dict | None = None, **collector
-    ) -> CollectorConfig:
+    ) -> CollectorSettings:
         path = write_config(instances, **collector)
-        return load_config(path, environ or {}, "embedded:/nowhere", tmp_path / "home")
+        return load_settings(path, environ or {}, "embedded:/nowhere", tmp_path / "home")
 
     return make
 
@@ -64,7 +64,7 @@ def make_config(write_config, tmp_path) -> Callable[..., CollectorConfig]:
 class RunningService:
     """`run_service` on a thread of this process, stopped by `stop()`."""
 
-    def __init__(self, config: CollectorConfig, failpoints: Failpoints | None = None) -> None:
+    def __init__(self, config: CollectorSettings, failpoints: Failpoints | None = None) -> None:
         from collectors.service import run_service
 
         self.stop_event = threading.Event()
@@ -100,7 +100,7 @@ class RunningService:
 def service() -> Iterator[Callable[..., RunningService]]:
     started: list[RunningService] = []
 
-    def start(config: CollectorConfig, failpoints: Failpoints | None = None) -> RunningService:
+    def start(config: CollectorSettings, failpoints: Failpoints | None = None) -> RunningService:
         running = RunningService(config, failpoints)
         started.append(running)
         return running

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from collectors.buffer import Appended, Buffer
+from collectors.buffer.schema import CursorState, PendingEvent
 from collectors.errors import BufferCorrupt, BufferSchemaError
-from collectors.state import CursorState, PendingEvent
 from pipeline.streams import MAX_EVENT_SIZE, EventTooLarge
 
 
@@ -41,9 +41,9 @@ def test_the_two_phase_records_move_the_queue_and_forget_drops_rows(path):
     buffer = Buffer(path, capacity_events=100)
     buffer.append([ev(i) for i in range(5)])
     batch = buffer.next_batch(3, 10_000)
-    buffer.record_open("t1", "s/x")
+    buffer.ledger.record_open("t1", "s/x")
     assert buffer.next_batch(10, 10_000)[0].id == 1  # open promises nothing yet
-    record = buffer.mark_ready("t1", "s/x", batch)
+    record = buffer.ledger.mark_ready("t1", "s/x", batch)
     assert (record.first_id, record.last_id, record.events, record.samples) == (1, 3, 3, 30)
     assert record.time_bounds == (1000, 2002)
     assert [e.id for e in buffer.next_batch(10, 10_000)] == [4, 5]
@@ -51,8 +51,8 @@ def test_the_two_phase_records_move_the_queue_and_forget_drops_rows(path):
     # a second connection (another thread or a restart) sees the same queue position
     other = Buffer(path, capacity_events=100)
     assert [e.id for e in other.next_batch(10, 10_000)] == [4, 5]
-    buffer.forget(record)
-    assert buffer.depth() == 2 and buffer.txns() == []
+    buffer.ledger.forget(record)
+    assert buffer.depth() == 2 and buffer.ledger.txns() == []
     assert buffer.meta()["last_committed_ns"] == "2002"
     assert buffer.counters()["samples_committed"] == 30
 
@@ -60,9 +60,9 @@ def test_the_two_phase_records_move_the_queue_and_forget_drops_rows(path):
 def test_requeue_puts_an_aborted_batch_back_at_the_head(path):
     buffer = Buffer(path, capacity_events=100)
     buffer.append([ev(i) for i in range(4)])
-    buffer.record_open("t1", "s/x")
-    record = buffer.mark_ready("t1", "s/x", buffer.next_batch(2, 10_000))
-    buffer.requeue(record)
+    buffer.ledger.record_open("t1", "s/x")
+    record = buffer.ledger.mark_ready("t1", "s/x", buffer.next_batch(2, 10_000))
+    buffer.ledger.requeue(record)
     assert [e.id for e in buffer.next_batch(10, 10_000)] == [1, 2, 3, 4]
     assert buffer.counters()["txns_requeued"] == 1
 
@@ -71,13 +71,13 @@ def test_mark_ready_refuses_a_batch_that_overlaps_a_promised_one(path):
     buffer = Buffer(path, capacity_events=100)
     buffer.append([ev(i) for i in range(4)])
     batch = buffer.next_batch(2, 10_000)
-    buffer.record_open("t1", "s/x")
-    buffer.mark_ready("t1", "s/x", batch)
-    buffer.record_open("t2", "s/x")
+    buffer.ledger.record_open("t1", "s/x")
+    buffer.ledger.mark_ready("t1", "s/x", batch)
+    buffer.ledger.record_open("t2", "s/x")
     with pytest.raises(BufferCorrupt, match="overlaps a promised range"):
-        buffer.mark_ready("t2", "s/x", batch)
+        buffer.ledger.mark_ready("t2", "s/x", batch)
     with pytest.raises(BufferCorrupt, match=re.escape("transaction t3 is not recorded as open")):
-        buffer.mark_ready("t3", "s/x", buffer.next_batch(2, 10_000))
+        buffer.ledger.mark_ready("t3", "s/x", buffer.next_batch(2, 10_000))
 
 
 def test_cursor_is_stored_with_the_events_or_not_at_all(path):
@@ -116,8 +116,8 @@ def test_block_policy_waits_for_room_and_gives_up_on_stop(path):
     thread.start()
     time.sleep(0.5)
     assert thread.is_alive() and not results  # blocked, nothing lost, nothing stored
-    sender.record_open("t1", "s/x")
-    sender.forget(sender.mark_ready("t1", "s/x", sender.next_batch(1, 10_000)))
+    sender.ledger.record_open("t1", "s/x")
+    sender.ledger.forget(sender.ledger.mark_ready("t1", "s/x", sender.next_batch(1, 10_000)))
     thread.join(5)
     assert results == [Appended.STORED]
     assert driver.counters()["blocked_ms"] >= 400

@@ -8,10 +8,10 @@ import re
 import pytest
 
 from collectors.buffer import Buffer
+from collectors.buffer.schema import PendingEvent
 from collectors.coordinator import TransactionCoordinator
 from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
-from collectors.state import PendingEvent
 from pipeline.streams import Transaction, TxnState, Unsupported, open_store
 from pipeline.streams.embedded import EmbeddedStore
 
@@ -41,11 +41,11 @@ def flushed_ready(store, buffer: Buffer, n: int):
     """Steps 1-3 of the protocol for the next `n` events; return the stream txn and record."""
     batch = buffer.next_batch(n, 1 << 20)
     txn = store.begin_transaction(STREAM)
-    buffer.record_open(txn.txn_id, STREAM)
+    buffer.ledger.record_open(txn.txn_id, STREAM)
     for event in batch:
         txn.write(event.payload, event.routing_key)
     txn.flush()
-    return txn, buffer.mark_ready(txn.txn_id, STREAM, batch)
+    return txn, buffer.ledger.mark_ready(txn.txn_id, STREAM, batch)
 
 
 def unknown_txn_id(tmp_path) -> str:
@@ -64,7 +64,7 @@ def test_batches_arrive_in_order_with_their_time_bounds(parts, store):
     fill(buffer, 7)
     assert [coordinator.send_batch() for _ in range(4)] == [3, 3, 1, 0]
     assert payloads(store) == [f"e{i}".encode() for i in range(7)]
-    assert buffer.depth() == 0 and buffer.txns() == []
+    assert buffer.depth() == 0 and buffer.ledger.txns() == []
     start, end = store.time_cuts(STREAM, 100, 103)  # samples of the first transaction only
     assert [e.payload for e in store.read(STREAM, start, end)] == [b"e0", b"e1", b"e2"]
 
@@ -99,7 +99,7 @@ def test_an_open_transaction_is_aborted_and_its_batch_sent_again(parts, store):
     coordinator, buffer = parts
     fill(buffer, 2)
     txn = store.begin_transaction(STREAM)
-    buffer.record_open(txn.txn_id, STREAM)
+    buffer.ledger.record_open(txn.txn_id, STREAM)
     txn.write(b"e0")
     txn.flush()  # flushed but never recorded ready: the crash came first
     assert coordinator.recover() == 1
@@ -124,10 +124,10 @@ def test_an_unknown_transaction_is_kept_as_doubtful_and_reported(parts, store, t
     coordinator, buffer = parts
     fill(buffer, 3)
     foreign = unknown_txn_id(tmp_path)
-    buffer.record_open(foreign, STREAM)
-    buffer.mark_ready(foreign, STREAM, buffer.next_batch(2, 1 << 20))
+    buffer.ledger.record_open(foreign, STREAM)
+    buffer.ledger.mark_ready(foreign, STREAM, buffer.next_batch(2, 1 << 20))
     coordinator.recover()
-    (record,) = buffer.txns()
+    (record,) = buffer.ledger.txns()
     assert record.state == "doubtful" and "may or may not be in site/samples" in record.note
     assert buffer.depth() == 3  # its rows are kept
     assert coordinator.send_batch() == 1  # later events still flow
@@ -142,7 +142,7 @@ def test_a_failed_write_aborts_the_transaction_and_keeps_the_batch(parts, store,
     with pytest.raises(Exception, match="sealed"):
         coordinator.send_batch()
     assert buffer.depth() == 2
-    assert all(r.state == "open" for r in buffer.txns())  # recovery will clear it
+    assert all(r.state == "open" for r in buffer.ledger.txns())  # recovery will clear it
     assert buffer.next_batch(10, 1 << 20)[0].payload == b"e0"
 
 
@@ -187,7 +187,7 @@ def recorded_open(store, buffer: Buffer, n: int):
     commit is the test's to do, or not); return the stream txn and its record."""
     batch = buffer.next_batch(n, 1 << 20)
     txn = store.begin_transaction(STREAM)
-    record = buffer.record_open(txn.txn_id, STREAM, batch=batch)
+    record = buffer.ledger.record_open(txn.txn_id, STREAM, batch=batch)
     for event in batch:
         txn.write(event.payload, event.routing_key)
     return txn, record
@@ -195,9 +195,9 @@ def recorded_open(store, buffer: Buffer, n: int):
 
 def restarted(coordinator: TransactionCoordinator, store) -> TransactionCoordinator:
     """A new coordinator on the same buffer file and store, as after a process restart."""
-    config = coordinator.config
-    buffer = Buffer(config.buffer_file, config.capacity_events)
-    return TransactionCoordinator(store, buffer, config, Failpoints())
+    settings = coordinator.settings
+    buffer = Buffer(settings.buffer_file, settings.capacity_events)
+    return TransactionCoordinator(store, buffer, settings, Failpoints())
 
 
 def drain(coordinator: TransactionCoordinator) -> None:
@@ -210,13 +210,13 @@ def test_commit_protocol_sends_every_batch_once_in_order(committing, store):
     coordinator, buffer = committing
     fill(buffer, 7)
     assert coordinator.send_batch() == 3
-    (held,) = buffer.txns()  # committed, forgotten with the next batch's record
+    (held,) = buffer.ledger.txns()  # committed, forgotten with the next batch's record
     assert (held.state, held.first_id, held.last_id, held.events) == ("open", 1, 3, 3)
     fresh = Buffer(buffer.path, 10)  # as a restart (or `sluice collect status`) reads it
     assert buffer.queued() == fresh.queued() == 4  # its rows are held out of the queue
     assert [coordinator.send_batch() for _ in range(3)] == [3, 1, 0]
     assert payloads(store) == [f"e{i}".encode() for i in range(7)]
-    assert buffer.depth() == 0 and buffer.txns() == []
+    assert buffer.depth() == 0 and buffer.ledger.txns() == []
     assert buffer.counters()["txns_committed"] == 3
     start, end = store.time_cuts(STREAM, 100, 103)  # samples of the first transaction only
     assert [e.payload for e in store.read(STREAM, start, end)] == [b"e0", b"e1", b"e2"]
@@ -233,7 +233,7 @@ def test_commit_protocol_a_committed_transaction_is_forgotten_not_resent(committ
     drain(again)
     assert payloads(store) == [b"e0", b"e1", b"e2", b"e3", b"e4"]
     assert buffer.counters()["txns_recommitted"] == 1
-    assert buffer.depth() == 0 and buffer.txns() == []
+    assert buffer.depth() == 0 and buffer.ledger.txns() == []
 
 
 class CrashMidCommit(Exception):
@@ -253,7 +253,7 @@ def test_commit_protocol_a_commit_cut_short_is_finished(committing, store, monke
         patch.setattr(EmbeddedTransaction, "_mark_done", crash)
         with pytest.raises(CrashMidCommit):
             coordinator.send_batch()
-    (record,) = buffer.txns()
+    (record,) = buffer.ledger.txns()
     assert store.get_transaction(STREAM, record.txn_id).state() == "committing"
     again = restarted(coordinator, store)
     assert again.recover() == 1
@@ -283,7 +283,7 @@ def test_commit_protocol_an_aborted_transaction_is_resent(committing, store):
     txn, _ = recorded_open(store, buffer, 2)
     txn.abort()  # e.g. its lease ran out while the collector was down
     assert coordinator.recover() == 1
-    assert buffer.txns() == []
+    assert buffer.ledger.txns() == []
     drain(coordinator)
     assert payloads(store) == [b"e0", b"e1", b"e2", b"e3"]
 
@@ -291,10 +291,10 @@ def test_commit_protocol_an_aborted_transaction_is_resent(committing, store):
 def test_commit_protocol_a_lease_lost_at_commit_sends_the_batch_again(committing, store):
     coordinator, buffer = committing
     fill(buffer, 2)
-    short = dataclasses.replace(coordinator.config, txn_lease_seconds=1e-6)
+    short = dataclasses.replace(coordinator.settings, txn_lease_seconds=1e-6)
     hasty = TransactionCoordinator(store, buffer, short, Failpoints())
     assert hasty.send_batch() == 2  # the store aborts it at commit: its lease ran out
-    assert payloads(store) == [] and buffer.txns() == []
+    assert payloads(store) == [] and buffer.ledger.txns() == []
     assert buffer.queued() == 2
     drain(coordinator)
     assert payloads(store) == [b"e0", b"e1"]
@@ -303,9 +303,9 @@ def test_commit_protocol_a_lease_lost_at_commit_sends_the_batch_again(committing
 def test_commit_protocol_an_unknown_transaction_is_doubtful(committing, store, tmp_path):
     coordinator, buffer = committing
     fill(buffer, 3)
-    buffer.record_open(unknown_txn_id(tmp_path), STREAM, batch=buffer.next_batch(2, 1 << 20))
+    buffer.ledger.record_open(unknown_txn_id(tmp_path), STREAM, batch=buffer.next_batch(2, 1 << 20))
     assert coordinator.recover() == 1
-    (record,) = buffer.txns()
+    (record,) = buffer.ledger.txns()
     assert record.state == "doubtful" and "may or may not be in site/samples" in record.note
     assert (record.first_id, record.last_id) == (1, 2)
     assert coordinator.recover() == 0  # reported once, never re-sent

@@ -13,7 +13,7 @@ import pytest
 
 from collectors.buffer import Buffer
 from collectors.failpoints import Failpoints
-from collectors.instance import DriverContext
+from collectors.instance import InstanceContext
 from collectors.service import create_driver
 
 from .conftest import read_payloads, wait_for
@@ -170,7 +170,7 @@ def test_a_file_that_disappears_before_it_is_read_is_skipped(make_config, dirs, 
     config = files_config(make_config, [a])
     inst = config.instances[0]
     driver = create_driver(inst)
-    ctx = DriverContext(inst, Buffer(inst.buffer_file, 100), threading.Event(), Failpoints())
+    ctx = InstanceContext(inst, Buffer(inst.buffer_file, 100), threading.Event(), Failpoints())
     ctx.buffer.write(lambda c: c.execute(_files_schema()))
     listed = driver._candidates()
     assert listed == [gone]
@@ -201,7 +201,7 @@ def test_a_file_changed_during_ingestion_is_failed_with_what_was_sent(
     config = files_config(make_config, [a], samples_per_event=1, failed_dir=str(failed))
     inst = config.instances[0]
     driver = create_driver(inst)
-    ctx = DriverContext(inst, Buffer(inst.buffer_file, 10_000), threading.Event(), Failpoints())
+    ctx = InstanceContext(inst, Buffer(inst.buffer_file, 10_000), threading.Event(), Failpoints())
     ctx.buffer.write(lambda c: c.execute(_files_schema()))
     original_commit = driver._commit
     calls = []

@@ -1,4 +1,4 @@
-"""NIC driver: the reference's event layout from a real interface, pacing, a vanishing counter."""
+"""NIC driver: the NetworkDriver event layout from a real interface, pacing, a vanishing counter."""
 
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 from collectors.buffer import Buffer
+from collectors.buffer.schema import PendingEvent
 from collectors.failpoints import Failpoints
 from collectors.sender import Sender
-from collectors.state import PendingEvent
 from pipeline.streams import open_store
 
 STREAM = "site/samples"

@@ -110,7 +110,7 @@ def test_the_collector_imports_nothing_beyond_the_edge_extra():
         import importlib
         for module in (
             "pipeline.cli.collect", "collectors.service", "collectors.status",
-            "collectors.drivers.nic", "collectors.drivers.nic_sampler",
+            "collectors.drivers.nic", "collectors.nic_sampler", "collectors.tabular",
             "collectors.drivers.accelerometer", "collectors.drivers.files",
             "collectors.drivers.mqtt", "collectors.drivers.generator",
             "pipeline.streams.embedded",

@@ -340,7 +340,7 @@ def test_sluice_toml_loads_with_the_compose_environment(compose, monkeypatch):
 
 
 def test_collector_toml_loads_with_the_collectors_loader(compose):
-    from collectors.config import load_config
+    from collectors.settings import load_settings
 
     service = services(compose)["collector"]
     cmd = command(service)
@@ -348,7 +348,7 @@ def test_collector_toml_loads_with_the_collectors_loader(compose):
     mounted = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
     path = DOCKER / mounted[option(cmd, "--config")]
     env = service["environment"]
-    config = load_config(path, {}, env["SLUICE_STORE"], Path(env["SLUICE_HOME"]))
+    config = load_settings(path, {}, env["SLUICE_STORE"], Path(env["SLUICE_HOME"]))
     assert [i.name for i in config.instances] == ["net1"]
     assert str(config.state_dir) in mounted, "the SQLite buffers live on a volume"
 

@@ -14,16 +14,16 @@ import os
 import sys
 from pathlib import Path
 
-from collectors.config import load_config
 from collectors.failpoints import ENV_VAR, Failpoints
 from collectors.service import run_service
+from collectors.settings import load_settings
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     path = Path(sys.argv[1])
-    config = load_config(path, {}, "embedded:/unused", path.parent / "home")
-    return run_service(config, Failpoints(os.environ.get(ENV_VAR)))
+    settings = load_settings(path, {}, "embedded:/unused", path.parent / "home")
+    return run_service(settings, Failpoints(os.environ.get(ENV_VAR)))
 
 
 if __name__ == "__main__":

@@ -107,7 +107,12 @@ def run_clean_to_the_end(root: Path, config: Path, inbox: Path) -> None:
 
     def finished() -> bool:
         started = buffer.meta().get("pid") == str(process.pid)  # its signal handlers are set
-        return started and not any(inbox.iterdir()) and buffer.depth() == 0 and not buffer.txns()
+        return (
+            started
+            and not any(inbox.iterdir())
+            and buffer.depth() == 0
+            and not buffer.ledger.txns()
+        )
 
     wait_for(finished, timeout=90)
     process.send_signal(signal.SIGTERM)

@@ -145,7 +145,7 @@ def test_generator_killed_at_random_points_keeps_every_sample_once_in_order(
     assert sequences == list(range(total)), f"seed {seed}: gaps or reordering"
     assert all(p["Value"] == [s * 37 % 1000 for s in p["Sequence"]] for p in payloads)
     state = Buffer(tmp_path / "state" / "gen.db", 10)
-    assert state.depth() == 0 and state.txns() == []
+    assert state.depth() == 0 and state.ledger.txns() == []
     assert state.meta()["txn_protocol"] == protocol
     counters = state.counters()
     # both recovery paths ran: a transaction committed again, and one aborted and resent

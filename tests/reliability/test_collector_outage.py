@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from collectors.buffer import Buffer
-from collectors.config import load_config
+from collectors.settings import load_settings
 from tests.collectors.conftest import REPO, RunningService, read_payloads, toml_text, wait_for
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def test_store_directory_unavailable_then_back(tmp_path):
     blocked.write_text("the store's disk is not mounted")  # a file where a directory should be
     store_dir = blocked / "streams"
     path = write(tmp_path, f"embedded:{store_dir}", samples_per_sec=5_000, max_samples=25_000)
-    running = RunningService(load_config(path, {}, "unused", tmp_path))
+    running = RunningService(load_settings(path, {}, "unused", tmp_path))
     # 2 s of samples buffered; a generous timeout, as the Spark kill suites run beside this
     # test in `make test` (they once slowed it past 30 s).
     wait_for(lambda: buffer_of(tmp_path).depth() >= 100, timeout=90)
@@ -73,7 +73,7 @@ def test_a_full_buffer_during_an_outage_blocks_or_sheds_and_counts(tmp_path, whe
         capacity_events=10,
         when_full=when_full,
     )
-    running = RunningService(load_config(path, {}, "unused", tmp_path))
+    running = RunningService(load_settings(path, {}, "unused", tmp_path))
     time.sleep(2.5)  # 12 500 samples due, room for 1 000
     assert buffer_of(tmp_path).depth() == 10
     blocked.unlink()

@@ -1,4 +1,4 @@
-"""Collector configuration: collector.toml, the reference's environment variables, bad input."""
+"""Collector settings: collector.toml, the Pravega Sensor Collector's variables, bad input."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from collectors.config import load_config
 from collectors.errors import ConfigError
+from collectors.settings import load_settings
 from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS
 
 from .conftest import REPO, run_cli
 
 EXAMPLE = REPO / "collectors" / "collector.example.toml"
 
-# The reference's conf/env-sample-network-standalone.sh, as its users have it.
+# The Pravega Sensor Collector's conf/env-sample-network-standalone.sh, as its users have it.
 REFERENCE_NETWORK_ENV = {
     "PRAVEGA_SENSOR_COLLECTOR_NET1_CLASS": "io.pravega.sensor.collector.network.NetworkDriver",
     "PRAVEGA_SENSOR_COLLECTOR_NET1_NETWORK_INTERFACE": "ens33",
@@ -35,11 +35,11 @@ REFERENCE_NETWORK_ENV = {
 
 
 def load(environ: dict, path: Path | None = None, tmp: Path = Path("/tmp/h")):
-    return load_config(path, environ, "embedded:/default/streams", tmp)
+    return load_settings(path, environ, "embedded:/default/streams", tmp)
 
 
 def test_the_example_file_is_valid(tmp_path):
-    config = load_config(EXAMPLE, {}, "embedded:/unused", tmp_path)
+    config = load_settings(EXAMPLE, {}, "embedded:/unused", tmp_path)
     by_name = {i.name: i for i in config.instances}
     assert sorted(by_name) == ["accel1", "files1", "gen1", "mqtt1", "net1"]
     net = by_name["net1"]

@@ -1,16 +1,12 @@
 """Reading CSV and Parquet files as rows, and checking them whole before any is sent.
 
-`validate` reads a file to the end and returns the reason it is unusable (or None), so a
-malformed file goes to the failed folder before a single row of it reaches the buffer.
-`rows` then yields `(row, time_ns)` from a given row number on: the files driver resumes a
-file after a crash by skipping the rows it already buffered.
-
-Values: CSV fields become whole numbers, else numbers, else text (as the reference's
-CsvFileEventGenerator does); non-finite numbers stay text. Parquet values are converted to
-JSON: timestamps/dates/times as ISO-8601 text, decimals as text, bytes as base64.
-`time_column` (optional) gives each row's event time; its unit is one of ns, us, ms, s, or
-iso (ISO-8601 text). CSV is read with the standard library's `csv` module in strict mode,
-Parquet with pyarrow.
+`validate` reads a file to the end and raises `BadFile` with the reason it is unusable, so a
+malformed file goes to the failed folder before a row of it reaches the buffer; `rows` then
+yields `(row, time_ns)` from a given row number on (the files driver resumes a file after a
+crash by skipping the rows it buffered). CSV fields become numbers where they parse, as the
+Pravega Sensor Collector's `CsvFileEventGenerator` does; Parquet values become JSON (ISO-8601
+times, decimals as text, bytes as base64). CSV is read by the standard library's `csv` module
+in strict mode, Parquet by pyarrow.
 """
 
 from __future__ import annotations

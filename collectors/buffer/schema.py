@@ -1,24 +1,8 @@
-"""What an instance keeps on disk: the declared schema of its SQLite buffer.
+"""The declared schema of an instance's buffer file: its tables and the records read from them.
 
-One SQLite file per instance (WAL journal, `synchronous=FULL`, so a commit that returned has
-survived a power cut). Its tables:
-
-- `events`: batched samples waiting to be sent, in the order they were taken (`id`
-  only grows: AUTOINCREMENT never reuses an id).
-- `txns`: stream transactions the sender knows about (see `coordinator.py` for the two
-  protocols). `open` without a range = begun, nothing promised yet (flush protocol: aborted
-  on recovery); `open` with a range = begun with its batch `first_id..last_id`, whose rows
-  are held out of the send queue until the store's state of the transaction settles them
-  (commit protocol: forgotten if it committed, back to the queue if not); `ready` =
-  flushed, and its rows have left the send queue in the same SQLite transaction that
-  recorded it (committed again on recovery); `doubtful` = the store no longer knows the id,
-  so whether it committed cannot be told (its rows are kept, never re-sent automatically,
-  and shown by `sluice collect status`). Every record with a range holds its rows.
-- `cursor`: driver positions (generator sequence, ...), updated in the same SQLite
-  transaction as the events they produced.
-- `counters`, `meta`, `errors`, `quarantine`: what `sluice collect status` shows.
-
-Schema version 1 is `PRAGMA user_version = 1`.
+Schema version 1 (`PRAGMA user_version = 1`); what each table holds, the states of a
+transaction record and the durability settings are described in FORMAT.md next to this file.
+Changing a table means a new version and a migration in `file.connect`.
 """
 
 from __future__ import annotations
@@ -132,7 +116,7 @@ class BufferedEvent:
 
 @dataclass(frozen=True, slots=True)
 class TxnRecord:
-    """A row of `txns` (schema version 1)."""
+    """A row of `txns` (schema version 1; its states are described in FORMAT.md)."""
 
     txn_id: str
     stream: str

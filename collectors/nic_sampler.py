@@ -1,13 +1,11 @@
 """The NIC driver's sampling process: reads counters on a monotonic schedule, nothing else.
 
-    python -m collectors.drivers.nic_sampler RATE PRIORITY PATH [PATH ...]
+    python -m collectors.nic_sampler RATE PRIORITY PATH [PATH ...]
 
-Sampling runs in its own small process (standard library only) so that nothing the collector
-does (JSON, SQLite, the store, Python's GIL) can delay a wake-up. Each sample is written to
-stdout as one little-endian record: int64 wall-clock nanoseconds, then one int64 per counter.
-A record whose time is -1 says how many ticks were missed (in its first value) after a stall.
-If a counter cannot be read, the reason goes to stderr and the process exits with status 3
-(4: the SCHED_FIFO priority asked for is not permitted).
+Its own small process (standard library only), so nothing the collector does can delay a
+wake-up. Each sample goes to stdout as a little-endian record: int64 wall-clock nanoseconds,
+then one int64 per counter; a time of -1 carries the number of ticks missed after a stall.
+An unreadable counter: the reason on stderr, exit status 3 (4: SCHED_FIFO not permitted).
 It dies with its parent (PR_SET_PDEATHSIG), and on a closed pipe.
 """
 

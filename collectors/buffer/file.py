@@ -1,0 +1,111 @@
+"""One connection to an instance's buffer file: durability, the schema check, turns at writing.
+
+The driver thread and the sender thread each open their own connection (SQLite in WAL mode
+lets one write while the other reads). Writes use `BEGIN IMMEDIATE`, so the two never
+deadlock on a lock upgrade, and take turns in arrival order (`WriteTurns`). The file's
+tables and their meaning are in FORMAT.md next to this file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from collectors.buffer.schema import SCHEMA, SCHEMA_VERSION
+from collectors.errors import BufferSchemaError
+from collectors.failpoints import Failpoints
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating if needed) a buffer file with the collector's durability settings."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 60000")
+    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        conn.execute("PRAGMA page_size = 65536")
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    # Some SQLite builds zero every deleted byte (SECURE_DELETE): for sent samples that
+    # doubles the writes. FAST zeroes only what costs no extra I/O.
+    conn.execute("PRAGMA secure_delete = FAST")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        conn.close()
+        raise BufferSchemaError(path, version, SCHEMA_VERSION)
+    if version < SCHEMA_VERSION:
+        conn.executescript(
+            f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        )
+    return conn
+
+
+class WriteTurns:
+    """First come, first served turns at the buffer's write lock.
+
+    SQLite makes a blocked writer poll with growing sleeps, so a driver that appends back to
+    back can starve the sender for seconds. The threads of one instance share one
+    `WriteTurns` and queue here instead, in arrival order (other processes, such as
+    `sluice collect status`, only read)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
+
+
+class BufferFile:
+    """One connection to a buffer file, used by one thread.
+
+    `room` is shared by the instance's connections: it wakes the sender when events arrive
+    and a driver blocked on a full buffer when rows are dropped."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        room: threading.Condition | None = None,
+        failpoints: Failpoints | None = None,
+        turns: WriteTurns | None = None,
+    ) -> None:
+        self.path = path
+        self.room = room or threading.Condition()
+        self.failpoints = failpoints or Failpoints()
+        self.turns = turns or WriteTurns()
+        self.conn = connect(path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE), taken in turn with the instance's others."""
+        with self.turns.turn():
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    def notify_room(self) -> None:
+        """Wake the threads waiting on `room` (new events, or rows dropped)."""
+        with self.room:
+            self.room.notify_all()

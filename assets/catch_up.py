@@ -31,6 +31,7 @@ from assets.keys import (
     mirror_key,
     pool,
 )
+from pipeline.jobs.bookmark import BookmarkSpec
 from pipeline.jobs.checkpoint import (
     BatchTotals,
     CheckpointInUse,
@@ -92,7 +93,7 @@ class FamilyJobs:
         return default_checkpoint("export", self.export.stream, str(self.export.output))
 
 
-def service_command(spec: MirrorSpec | ExportSpec) -> str:
+def service_command(spec: MirrorSpec | ExportSpec | BookmarkSpec) -> str:
     """The `sluice run … --continuous` command of the service that shares the checkpoint."""
     return shlex.join(spec.command_line())
 

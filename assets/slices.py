@@ -9,12 +9,11 @@ Delivery: exactly-once slices (the bookmark job's state is saved per batch and s
 deterministic, so a re-run batch re-records nothing).
 """
 
-import shlex
 from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.catch_up import CatchUpStep, Source, StepRun, spark_asset_spec
+from assets.catch_up import CatchUpStep, Source, StepRun, service_command, spark_asset_spec
 from assets.keys import mirror_key, slices_key
 from pipeline.jobs.bookmark import BookmarkSpec, Condition, bookmark, threshold
 from pipeline.jobs.checkpoint import default_checkpoint
@@ -49,12 +48,6 @@ def bookmark_spec(family: StreamFamily) -> BookmarkSpec:
     )
 
 
-def bookmark_service_command(spec: BookmarkSpec) -> str:
-    """The `sluice run bookmark … --continuous` command of the service that shares the
-    checkpoint."""
-    return shlex.join(spec.command_line())
-
-
 def slices_table(records: list[SliceRecord]) -> dg.MetadataValue:
     """The latest slices as a Markdown table."""
     lines = ["| slice | sensor | from | to | reason |", "|---|---|---|---|---|"]
@@ -68,7 +61,7 @@ def slices_step(family: StreamFamily) -> CatchUpStep[frozenset[str]]:
     """`<family>/slices`: slices bookmarked over the family's cloud mirror."""
     spec = bookmark_spec(family)
     assert family.bookmark is not None  # bookmark_spec refuses a family without one
-    service = bookmark_service_command(spec)
+    service = service_command(spec)
     description = (
         f"Slices of {family.mirror_stream} where {spec.reason} (per sensor: "
         f"{spec.sensor_by}), recorded in {spec.slices_stream}. Each slice is a partition of "

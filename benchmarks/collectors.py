@@ -253,7 +253,7 @@ def main() -> None:
         "--interface", default="eth0" if Path("/sys/class/net/eth0").exists() else "lo"
     )
     args = parser.parse_args()
-    # Goals (issue 3): >= 99.9% of intervals within ±1 ms and < 10% of a core for the NIC;
+    # Goals: >= 99.9% of intervals within ±1 ms and < 10% of a core for the NIC;
     # >= 1,000,000 samples/s for the generator.
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-collectors-"))
     try:

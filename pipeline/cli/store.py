@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 
 from pipeline.errors import SluiceError
 from pipeline.streams import StreamCut, StreamStore, open_store
@@ -19,44 +20,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     store = subparsers.add_parser("store", help="manage streams in the stream store")
     sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
 
-    p = sub.add_parser("create", help="create SCOPE/STREAM")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p = stream_action(sub, "create", "create SCOPE/STREAM", cmd_create)
     p.add_argument("--segments", type=int, default=1)
     p.add_argument("--retention-bytes", type=int, help="keep at most this many bytes")
     p.add_argument("--retention-seconds", type=float, help="keep nothing older than this")
-    p.set_defaults(func=cmd_create)
 
     p = sub.add_parser("list", help="list streams (of one scope)")
     p.add_argument("scope", nargs="?")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("info", help="JSON: head and tail cuts, segments, bytes, events")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
-    p.set_defaults(func=cmd_info)
+    stream_action(sub, "info", "JSON: head and tail cuts, segments, bytes, events", cmd_info)
 
-    p = sub.add_parser("write", help="append one event per line of standard input")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p = stream_action(sub, "write", "append one event per line of standard input", cmd_write)
     p.add_argument("--routing-key", "-k")
-    p.set_defaults(func=cmd_write)
 
-    p = sub.add_parser("read", help="print one event per line")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p = stream_action(sub, "read", "print one event per line", cmd_read)
     p.add_argument("--from", dest="start", default="head", metavar="head|tail|CUT")
     p.add_argument("--to", dest="end", default=None, metavar="tail|CUT")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    p.set_defaults(func=cmd_read)
 
-    p = sub.add_parser("cut", help="print the tail cut")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
-    p.set_defaults(func=cmd_cut)
+    stream_action(sub, "cut", "print the tail cut", cmd_cut)
 
-    p = sub.add_parser("truncate", help="drop everything before CUT")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p = stream_action(sub, "truncate", "drop everything before CUT", cmd_truncate)
     p.add_argument("cut", metavar="CUT")
-    p.set_defaults(func=cmd_truncate)
 
-    p = sub.add_parser("scale", help="split a hot segment, merge cold ones, or apply a policy")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
+    p = stream_action(
+        sub, "scale", "split a hot segment, merge cold ones, or apply a policy", cmd_scale
+    )
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--split", type=int, metavar="SEGMENT")
     how.add_argument("--merge", metavar="A,B", help="neighbouring segments to merge")
@@ -67,15 +57,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--parts", type=int, default=2, help="segments a split makes (default 2)")
     p.add_argument("--window", type=float, default=60.0)
-    p.set_defaults(func=cmd_scale)
 
-    p = sub.add_parser("seal", help="refuse further writes to SCOPE/STREAM")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
-    p.set_defaults(func=cmd_seal)
+    stream_action(sub, "seal", "refuse further writes to SCOPE/STREAM", cmd_seal)
 
-    p = sub.add_parser("delete", help="delete a sealed stream")
-    p.add_argument("stream", metavar="SCOPE/STREAM")
-    p.set_defaults(func=cmd_delete)
+    stream_action(sub, "delete", "delete a sealed stream", cmd_delete)
+
+
+def stream_action(
+    sub: argparse._SubParsersAction, name: str, help_text: str, func: Callable
+) -> argparse.ArgumentParser:
+    """An action on one stream: `sluice store NAME SCOPE/STREAM …`, run by `func`."""
+    parser = sub.add_parser(name, help=help_text)
+    parser.add_argument("stream", metavar="SCOPE/STREAM")
+    parser.set_defaults(func=func)
+    return parser
 
 
 def resolve_cut(store: StreamStore, stream: str, text: str) -> StreamCut:

@@ -2,6 +2,10 @@
 
 open_store("embedded:/var/lib/sluice/streams")   # the default, on local disk
 open_store("pravega://controller:9090")          # a Pravega cluster (pravegas:// for TLS)
+
+A new backend is a package beside `embedded/` and `pravega/` that implements `api.py`'s
+`StreamStore`, is chosen by its URI scheme in `open_store`, and passes the contract suite
+`tests/streams/test_contract.py`.
 """
 
 from __future__ import annotations

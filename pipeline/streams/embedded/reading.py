@@ -1,0 +1,145 @@
+"""Reading a segment's events: each block is checked whole before any of its events is returned.
+
+A run of indexed blocks is read into one buffer reused from run to run; each block's header
+must agree with its index row, its CRC-32 must match and every event frame must parse, or
+`BadBlock` is raised at that block, after the events of the blocks before it were yielded. A
+large block holding one event (a typical 1000-sample event) has its payload read straight into
+the bytes returned and its CRC chained over the pieces: one copy from the page cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from pipeline.streams.api import Event
+from pipeline.streams.embedded.blocks import (
+    EVENT,
+    HEADER,
+    MAX_META,
+    BadBlock,
+    BlockHeader,
+    BlockRow,
+    block_problem,
+    crc32,
+    decode_events,
+    frame_at,
+    parse_header,
+    row_problem,
+)
+from pipeline.streams.embedded.segment import SegmentFile
+
+READ_CHUNK = 1 << 20
+SINGLE_EVENT_READ = 16 << 10
+#: Enough for a block header, the longest meta, and the first frame's header and longest key.
+HEAD_READ = HEADER.size + MAX_META + EVENT.size + 1024
+
+Decoded = tuple[int, int, str | None, bytes]  # offset, end offset, routing key, payload
+
+
+class BlockReader:
+    """Reads and checks blocks of one segment file, through a buffer reused from read to read."""
+
+    def __init__(self, segfile: SegmentFile) -> None:
+        self.segfile = segfile
+        self._buffer = bytearray()
+
+    def read(self, offset: int, size: int) -> memoryview:
+        """`size` bytes at `offset` (fewer if the file ends first), valid until the next read."""
+        if len(self._buffer) < size:
+            self._buffer = bytearray(max(size, min(READ_CHUNK, 4 * len(self._buffer))))
+        view = memoryview(self._buffer)[:size]
+        return view[: os.preadv(self.segfile.fd, [view], offset)]
+
+    def block(self, row: BlockRow) -> list[Decoded]:
+        """The events of one block, checked whole."""
+        if row.events == 1 and row.length > SINGLE_EVENT_READ:
+            return [self._single_event(row)]
+        return check_block(self.read(row.offset, row.length), 0, row)
+
+    def run(self, rows: list[BlockRow]) -> Iterator[tuple[BlockRow, list[Decoded]]]:
+        """Each block of `rows` (contiguous) with its events, read in as few reads as possible;
+        a block's events come only once it is checked, so damage raises after the blocks before
+        it were delivered."""
+        i = 0
+        while i < len(rows):
+            if rows[i].events == 1 and rows[i].length > SINGLE_EVENT_READ:
+                yield rows[i], [self._single_event(rows[i])]
+                i += 1
+                continue
+            j, size = i, 0
+            while j < len(rows) and (size == 0 or size + rows[j].length <= READ_CHUNK):
+                if rows[j].events == 1 and rows[j].length > SINGLE_EVENT_READ:
+                    break
+                size += rows[j].length
+                j += 1
+            data, pos = self.read(rows[i].offset, size), 0
+            for row in rows[i:j]:
+                yield row, check_block(data, pos, row)
+                pos += row.length
+            i = j
+
+    def _single_event(self, row: BlockRow) -> Decoded:
+        """The one event of a large block: header and frame read first, then the payload into
+        the bytes returned, the CRC chained over the pieces."""
+        head = memoryview(self.segfile.pread(min(row.length, HEAD_READ), row.offset))
+        header = _header(head, 0, row)
+        frame = header.body_offset - row.offset
+        key, payload_at, payload_len = frame_at(head, frame, row.offset)
+        if payload_at + payload_len != row.length:
+            raise BadBlock(row.offset + frame, "the event runs past its block")
+        payload = self.segfile.pread(payload_len, row.offset + payload_at)
+        body_crc = crc32(payload, crc32(head[frame:payload_at]))
+        body_len = payload_at - frame + len(payload)
+        problem = block_problem(header, head[:frame], body_len, body_crc)
+        if problem is not None:
+            raise BadBlock(row.offset, problem)
+        return row.offset, row.end, key, payload
+
+
+def check_block(data: memoryview, pos: int, row: BlockRow) -> list[Decoded]:
+    """The events of the block `row`, found at `data[pos:]`, checked whole; else `BadBlock`."""
+    header = _header(data, pos, row)
+    body_at = pos + header.body_offset - row.offset
+    body = data[body_at : pos + row.length]
+    problem = block_problem(header, data[pos:body_at], len(body), crc32(body))
+    if problem is not None:
+        raise BadBlock(row.offset, problem)
+    return decode_events(body, header)
+
+
+def _header(data: memoryview, pos: int, row: BlockRow) -> BlockHeader:
+    header = parse_header(data, pos, row.offset)
+    if header is None and len(data) - pos < HEADER.size:
+        raise BadBlock(row.offset, "the segment file ends before this block's header")
+    problem = row_problem(header, row)
+    if problem is not None:
+        raise BadBlock(row.offset, problem)
+    assert header is not None
+    return header
+
+
+def read_events(
+    reader: BlockReader, stream: str, segment: int, rows: list[BlockRow], *, start: int, end: int
+) -> Iterator[Event]:
+    """Events in [start, end) of `rows`, the index rows that cover that range, in order.
+
+    A gap in the rows (before the first, between two, after the last) is damage too: the index
+    covers a segment's data without holes.
+    """
+    expected, i = (min(start, rows[0].offset) if rows else start), 0
+    while True:
+        j = i
+        while j < len(rows) and rows[j].offset == expected:
+            expected = rows[j].end
+            j += 1
+        for row, events in reader.run(rows[i:j]):
+            for off, end_off, key, payload in events:
+                if start <= off and end_off <= end:
+                    yield Event(stream, segment, off, end_off, key, payload, row.ingest_ns)
+        if j < len(rows):
+            msg = f"the index has no block here (the next one starts at {rows[j].offset})"
+            raise BadBlock(expected, msg)
+        if expected < end:
+            raise BadBlock(expected, "the index has no block here (nor after)")
+        return

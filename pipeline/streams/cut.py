@@ -12,6 +12,7 @@ Names never contain `~` (`names.py`), so the form is unambiguous; other versions
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,9 @@ from pipeline.streams.names import check_name
 
 CUT_VERSION = "v1"
 _SEP = "~"
+_POSITION = re.compile(r"([0-9]{1,19})-([0-9]{1,19})", re.ASCII)
+#: Segment numbers and offsets are stored as signed 64-bit integers.
+MAX_POSITION = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +80,16 @@ class StreamCut:
             raise InvalidCut(text, str(exc)) from None
         positions: dict[int, int] = {}
         for item in parts[3:]:
-            seg, dash, off = item.partition("-")
-            if not dash or not seg.isdigit() or not off.isdigit():
-                raise InvalidCut(text, f"{item!r} is not SEGMENT-OFFSET with two numbers")
-            if int(seg) in positions:
+            found = _POSITION.fullmatch(item)
+            if found is None:
+                msg = f"{item!r} is not SEGMENT-OFFSET with two numbers of ASCII digits 0-9"
+                raise InvalidCut(text, msg)
+            seg, off = int(found[1]), int(found[2])
+            if seg > MAX_POSITION or off > MAX_POSITION:
+                raise InvalidCut(text, f"{item!r} is out of range (at most {MAX_POSITION})")
+            if seg in positions:
                 raise InvalidCut(text, f"segment {seg} appears twice")
-            positions[int(seg)] = int(off)
+            positions[seg] = off
         return cls.of(scope, stream, positions)
 
     def check_stream(self, scope: str, stream_name: str) -> StreamCut:

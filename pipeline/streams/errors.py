@@ -149,7 +149,7 @@ class StoreFull(StreamStoreError):
     def __init__(self, path: str, reason: str) -> None:
         self.path, self.reason = path, reason
         msg = (
-            f"no space left to write {path} ({reason}): nothing of this write was stored and"
+            f"no space left to write {path} ({reason}): this write was not acknowledged and"
             " acknowledged data is intact; free some space (or truncate old data) and retry"
         )
         super().__init__(msg)

@@ -421,6 +421,8 @@ class Engine:
             )
             raise InvalidCut(cut.text, reason)
         for seg, off in cut.positions:
+            if off < 0:
+                raise InvalidCut(cut.text, f"offset {off} of segment {seg} is negative")
             tail = self.catch_up(row, seg)
             if off > tail:
                 raise InvalidCut(cut.text, self.past_tail(row, seg, off, tail))

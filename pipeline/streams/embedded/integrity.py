@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.streams.api import Problem, Progress, RepairReport, VerifyReport
-from pipeline.streams.embedded.blocks import BadBlock, BlockRow, crc32
+from pipeline.streams.embedded.blocks import BadBlock, crc32
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.manifest import read_manifest
 from pipeline.streams.embedded.reading import BlockReader
@@ -229,11 +229,11 @@ def repair_segment(engine: Engine, row: StreamRow, segment: int, tally: Tally) -
     segfile = engine.segment_file(row, segment)
     before = len(tally.problems)
     with segfile.locked():
+        drop_lost_rows(engine, row, segment, size=segfile.size(), tally=tally)
         start = head_block(engine, row, segment)
         survey = segfile.survey(start)
         rows = engine.blocks(row, segment, start, END)
         valid = {h.offset: h for h in survey.blocks}
-        rows = drop_lost_rows(engine, row, segment, rows, size=survey.size, tally=tally)
         end = rows[-1].end if rows else start
         for block in rows:
             found = valid.get(block.offset)
@@ -262,26 +262,33 @@ def repair_segment(engine: Engine, row: StreamRow, segment: int, tally: Tally) -
 
 
 def drop_lost_rows(
-    engine: Engine, row: StreamRow, segment: int, rows: list[BlockRow], *, size: int, tally: Tally
-) -> list[BlockRow]:
+    engine: Engine, row: StreamRow, segment: int, *, size: int, tally: Tally
+) -> None:
     """Remove the index rows of blocks the file no longer holds (it is shorter than its
-    index); reader group positions past the new end move back to it."""
-    lost = [b for b in rows if b.end > size]
+    index); the head, and reader group positions, past the new end move back to it."""
+    lost = [b for b in engine.blocks(row, segment, 0, END) if b.end > size]
     if not lost:
-        return rows
+        return
     first = lost[0].offset
-    events = sum(b.events for b in lost)
-    what = (
-        f"the segment file ends at {size}: {events} events in {len(lost)} blocks from here"
-        f" to {lost[-1].end} are lost"
-    )
-    add(tally, row, segment, first, what)
+    head = engine.segment_head(row, segment)
+    readable = [b for b in lost if b.end > head]
+    if readable:
+        events = sum(b.events for b in readable)
+        what = (
+            f"the segment file ends at {size}: {events} events in {len(readable)} blocks from"
+            f" {max(readable[0].offset, head)} to {readable[-1].end} are lost"
+        )
+        add(tally, row, segment, max(readable[0].offset, head), what)
     with engine.catalog.write(engine.catalog.index) as db:
         db.execute(
             "DELETE FROM blocks WHERE stream_id=? AND segment=? AND offset>=?",
             (row.id, segment, first),
         )
-    with engine.catalog.write() as db:
+    with engine.changing(row) as db:
+        db.execute(
+            "UPDATE segments SET head=MIN(head, ?) WHERE stream_id=? AND segment=?",
+            (first, row.id, segment),
+        )
         db.execute(
             "UPDATE rg_positions SET offset=? WHERE segment=? AND offset>? AND group_name IN"
             " (SELECT name FROM reader_groups WHERE stream_id=?)",
@@ -289,7 +296,6 @@ def drop_lost_rows(
         )
     fixed = f"dropped the index rows of {len(lost)} blocks the file no longer holds"
     tally.fixed.append(Problem(row.qualified, segment, first, fixed, True))
-    return [b for b in rows if b.end <= first]
 
 
 def seal_and_continue(

@@ -155,29 +155,40 @@ class StoreFull(StreamStoreError):
         super().__init__(msg)
 
 
-class CatalogDamaged(StreamStoreError):
+class CatalogUnusable(StreamStoreError):
+    """The catalog cannot be used as it is; `repair` rebuilds it from the data files."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return (
+            f"the store catalog {self.path} cannot be used ({self.reason}): run"
+            " `sluice store repair` to rebuild it from the data files"
+        )
+
+
+class CatalogDamaged(CatalogUnusable):
     """The catalog database cannot be read at all (not SQLite, or malformed)."""
 
-    def __init__(self, path: str, reason: str) -> None:
-        self.path, self.reason = path, reason
-        msg = (
-            f"the store catalog {path} is damaged ({reason}): the segment files are untouched;"
-            " run `sluice store repair` to set the damaged catalog aside and rebuild it from"
-            " the data files"
+    def _message(self) -> str:
+        return (
+            f"the store catalog {self.path} is damaged ({self.reason}): the segment files are"
+            " untouched; run `sluice store repair` to set the damaged catalog aside and"
+            " rebuild it from the data files"
         )
-        super().__init__(msg)
 
 
-class CatalogMismatch(StreamStoreError):
+class CatalogMismatch(CatalogUnusable):
     """The catalog does not describe the data beside it: lost, emptied, replaced or old."""
 
-    def __init__(self, path: str, reason: str) -> None:
-        self.path, self.reason = path, reason
-        msg = (
-            f"the store catalog {path} does not match the data beside it: {reason}. Nothing"
-            " was changed; run `sluice store repair` to rebuild the catalog from the data files"
+    def _message(self) -> str:
+        return (
+            f"the store catalog {self.path} does not match the data beside it: {self.reason}."
+            " Nothing was changed; run `sluice store repair` to rebuild the catalog from the"
+            " data files"
         )
-        super().__init__(msg)
 
 
 class TxnNotFound(StreamStoreError, LookupError):

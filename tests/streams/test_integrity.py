@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.streams import InvalidCut, StreamCut, open_store
+from pipeline.streams import InvalidCut, Problem, StreamCut, open_store
 from pipeline.streams.errors import (
     MAX_EVENT_NUMBER,
     CatalogDamaged,
@@ -371,3 +371,19 @@ def test_a_cut_past_the_tail_names_the_tail(store):
     with pytest.raises(InvalidCut, match="negative"):
         list(store.read("in/past", StreamCut.of("in", "past", {0: -1})))
     assert len(list(store.read("in/past"))) == 5
+
+
+# --- verify and repair ---------------------------------------------------------------------
+
+
+def test_verify_and_repair_of_an_intact_store_report_nothing_and_show_progress(store):
+    store.create_stream("v/s", segments=2)
+    write_blocks(store, "v/s", blocks=5)
+    seen: list[tuple[int, int]] = []
+    report = store.verify(progress=lambda done, total: seen.append((done, total)))
+    assert report.ok and report.streams == 1 and report.segments == 2 and report.blocks == 5
+    assert seen and seen[-1][0] == seen[-1][1] == report.bytes
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen), "progress only moves forward"
+    repaired = store.repair()
+    assert repaired.ok and repaired.fixed == ()
+    assert str(Problem("v/s", 1, 40, "what")) == "v/s segment 1 offset 40: what"

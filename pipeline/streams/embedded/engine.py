@@ -159,12 +159,12 @@ class Engine:
             raise
 
     def sync_manifest(self, row: StreamRow) -> None:
-        """Write the stream's manifest from the catalog, unless it says the same already."""
-        with self.catalog.write() as db:
-            try:
-                found = read_manifest(self.root, row.id)
-            except ValueError:
-                found = None
+        """Write the stream's manifest from the catalog, unless it says the same already (then
+        no lock is taken); one naming another stream or store is refused."""
+        if self._stored_manifest(row) == self.manifest(row.id):
+            return
+        with self.catalog.write() as db:  # serialised with changes that write it too
+            found = self._stored_manifest(row)
             if found is not None and (found.store_id, found.scope, found.name) != (
                 self.store_id,
                 row.scope,
@@ -177,6 +177,12 @@ class Engine:
                 )
                 raise CatalogMismatch(str(self.catalog.path), reason)
             self._write_manifest(db, row.id)
+
+    def _stored_manifest(self, row: StreamRow) -> StreamManifest | None:
+        try:
+            return read_manifest(self.root, row.id)
+        except ValueError:
+            return None
 
     def manifest(self, stream_id: int) -> StreamManifest:
         """A stream's manifest as the catalog describes it now."""

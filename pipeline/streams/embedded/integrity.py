@@ -45,6 +45,11 @@ class Tally:
         if self.progress is not None:
             self.progress(min(self.done, self.total), self.total)
 
+    def finish(self) -> None:
+        """The last report: all done (blocks before a head were counted but not read)."""
+        if self.progress is not None:
+            self.progress(self.total, self.total)
+
 
 def streams_to_check(engine: Engine, stream: str | None) -> list[StreamRow]:
     """The live streams to check: one by name, or all of them (no first-use repairs)."""
@@ -76,6 +81,7 @@ def verify(engine: Engine, stream: str | None, progress: Progress | None) -> Ver
         for seg, _, _ in engine.segments(row):
             check_segment(engine, row, seg, tally)
         check_transactions(engine, row, tally)
+    tally.finish()
     return VerifyReport(tuple(tally.problems), len(rows), tally.segments, tally.blocks, tally.done)
 
 
@@ -213,6 +219,7 @@ def repair(engine: Engine, stream: str | None, progress: Progress | None) -> Rep
         for seg, lo, hi in engine.segments(row):
             if not repair_segment(engine, row, seg, tally):
                 seal_and_continue(engine, row, seg, (lo, hi), tally)
+    tally.finish()
     return RepairReport(tuple(tally.fixed), tuple(tally.problems))
 
 

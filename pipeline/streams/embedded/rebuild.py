@@ -139,6 +139,7 @@ def rebuild(engine: Engine, progress: Progress | None) -> RepairReport:
         f" (the old one is kept as {aside or 'nothing: there was none'})"
     )
     tally.fixed.insert(0, Problem(None, None, None, what, True))
+    tally.finish()
     return RepairReport(tuple(tally.fixed), tuple(tally.problems))
 
 

@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -182,8 +183,6 @@ def test_damage_in_the_unindexed_tail_is_not_cut_away_on_open(store, store_dir):
 
 
 def lose_index_rows(store_dir: Path, after: int) -> None:
-    import sqlite3
-
     conn = sqlite3.connect(store_dir / "catalog.db")
     conn.execute("DELETE FROM blocks WHERE offset >= ?", (after,))
     conn.commit()
@@ -387,3 +386,27 @@ def test_verify_and_repair_of_an_intact_store_report_nothing_and_show_progress(s
     repaired = store.repair()
     assert repaired.ok and repaired.fixed == ()
     assert str(Problem("v/s", 1, 40, "what")) == "v/s segment 1 offset 40: what"
+
+
+def test_a_version_1_store_is_adopted_and_can_then_lose_its_catalog(store_dir):
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("v1/s", segments=2)
+        written = write_blocks(store, "v1/s", blocks=3)
+    (store_dir / "store.json").unlink()  # what a version-1 store looks like
+    for manifest in (store_dir / "data").glob("*/stream.json"):
+        manifest.unlink()
+    conn = sqlite3.connect(store_dir / "catalog.db")
+    conn.execute("DELETE FROM meta WHERE key='store_id'")
+    conn.execute("UPDATE meta SET value='1' WHERE key='format_version'")
+    conn.commit()
+    conn.close()
+    with open_store(f"embedded:{store_dir}") as store:
+        assert payloads(store.read("v1/s")) == written
+        assert store.verify().ok
+    assert (store_dir / "store.json").exists()
+    assert segment_path(store_dir, "v1/s", 0).exists(), "every stream got its manifest"
+    for path in store_dir.glob("catalog.db*"):
+        path.unlink()
+    with open_store(f"embedded:{store_dir}") as store:
+        assert store.repair().ok
+        assert payloads(store.read("v1/s")) == written

@@ -381,7 +381,9 @@ class StreamStore(ABC):
         self, stream: str, start: StreamCut | None = None, end: StreamCut | None = None
     ) -> Iterator[Event]:
         """Events between two cuts (head and tail by default), segment by segment in
-        ascending segment order, each in offset order. Bounded and repeatable."""
+        ascending segment order, each in offset order. Bounded and repeatable. A cut must
+        name every segment the stream had at its point, and lie within the tail
+        (`InvalidCut` otherwise, naming the missing segments or the tail)."""
 
     @abstractmethod
     def read_segment(

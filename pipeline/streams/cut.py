@@ -1,13 +1,13 @@
 """Stream cuts: a consistent position across all segments of a stream (Pravega's StreamCut).
 
-A cut maps each segment to a byte offset on an event boundary: the position of the next event
-to read in that segment. Its text form is stable and versioned, and needs no escaping in a URL,
-a file name, a log line or a TOML string:
+A cut maps every segment the stream had at that point (a later scale's may be left out) to a
+byte offset on an event boundary: the position of the next event to read in it. Its text form
+is stable and versioned, needs no escaping in a URL, a file name, a log line or TOML:
 
     v1~examples~network~0-1024~1-0
 
-that is `v1`, the scope, the stream, then `segment-offset` for each segment in ascending order.
-Names never contain `~` (`names.py`), so the form is unambiguous; other versions are refused.
+that is `v1`, the scope, the stream, then `segment-offset` (ASCII digits, at most 2^63-1) for
+each segment in ascending order. Names never contain `~` (`names.py`): the form is unambiguous.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """The embedded store's catalog: one SQLite database (WAL) shared by every process.
 
-Two connections with two durability levels:
-
+Two connections with two durability levels (a catalog that is unreadable or refused raises a
+typed error from every query and write):
 - `meta` (synchronous=FULL): scopes, streams, segments, transactions, reader groups. A change
   here that returned has survived a power cut.
 - `index` (synchronous=NORMAL): the block index and writer positions. They are derived from the
   segment files (each block header carries what the index holds), so an index row lost in a
   power cut is rebuilt by the next catch-up scan; a data block is fsynced before it is indexed.
-
-A catalog that cannot be read, or that the store refuses (see `refuse`), raises a typed error
-from every query and write; a full disk raises `StoreFull`.
 """
 
 from __future__ import annotations

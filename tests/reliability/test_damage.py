@@ -39,10 +39,10 @@ class Block:
     path: Path
 
 
-def key_for(segment: int, segments: int, taken: int = 0) -> str:
-    """A routing key that lands in `segment` of an evenly split key space."""
-    keys = (f"key-{i}" for i in range(taken, 100_000))
-    return next(k for k in keys if int(key_position(k) * segments) == segment)
+def key_in(store, stream: str, segment: int) -> str:
+    """A routing key that lands in `segment` (by its key range)."""
+    lo, hi = store.info(stream).segment(segment).key_range
+    return next(k for k in (f"key-{i}" for i in range(100_000)) if lo <= key_position(k) < hi)
 
 
 def build(root: Path) -> None:
@@ -182,16 +182,15 @@ def test_random_truncations_refuse_writes_until_repair(template, tmp_path):
             got, error = read_segment_until_damage(store, stream, segment)
             assert got == whole, context
             assert isinstance(error, Corrupted | None), f"{context}: {error!r}"
-            active = not store.info(stream).segment(segment).sealed
-            key = key_for(segment, len(store.info(stream).segments)) if active else None
-            if active and stream == "dmg/one":
+            key = key_in(store, stream, segment)
+            if not store.info(stream).segment(segment).sealed:
                 with pytest.raises(SegmentDamaged, match="sluice store repair"):
                     with store.writer(stream) as w:
                         w.write(b"refused", routing_key=key)
             assert (stream, segment) in {(p.stream, p.segment) for p in store.verify().problems}
             store.repair()
             with store.writer(stream) as w:
-                w.write(b"after repair", routing_key=key or "any")
+                w.write(b"after repair", routing_key=key)
             got, error = read_segment_until_damage(store, stream, segment)
             assert error is None and got == whole, context
             assert store.verify().ok, f"{context}: {store.verify().problems}"

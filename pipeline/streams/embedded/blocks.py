@@ -171,18 +171,21 @@ def row_problem(header: BlockHeader | None, row: BlockRow) -> str | None:
     return None
 
 
-def decode_events(
-    body: bytes | memoryview, header: BlockHeader
-) -> list[tuple[int, int, str | None, bytes]]:
-    """`(offset, end_offset, key, payload)` of every event of a block whose CRC matched.
+#: An event's place in a block: offset, end offset, routing key, and where its payload starts
+#: and ends in the block's body.
+Frame = tuple[int, int, str | None, int, int]
+
+
+def parse_frames(body: bytes | memoryview, header: BlockHeader) -> list[Frame]:
+    """Where every event of a block whose CRC matched lies, each frame checked.
 
     Every frame is checked (magic, lengths inside the body, the event count, nothing left
-    over), so a damaged block raises `BadBlock` before any of its events is returned. The first
-    event's offset is the block's own offset and the last event's end is the block's end:
-    reading from either boundary yields the same events.
+    over), so a damaged block raises `BadBlock` before any of its events is returned; the
+    payloads are not copied yet. The first event's offset is the block's own offset and the
+    last event's end is the block's end: reading from either boundary yields the same events.
     """
     pos, base, count, size = 0, header.body_offset, header.events, len(body)
-    events = []
+    frames = []
     for i in range(count):
         key, payload_at, payload_len = frame_at(body, pos, base)
         end = payload_at + payload_len
@@ -190,11 +193,11 @@ def decode_events(
             raise BadBlock(base + pos, f"event {i + 1} of {count} runs past its block")
         offset = header.offset if i == 0 else base + pos
         end_offset = header.end if i == count - 1 else base + end
-        events.append((offset, end_offset, key, bytes(body[payload_at:end])))
+        frames.append((offset, end_offset, key, payload_at, end))
         pos = end
     if pos != size:
         raise BadBlock(base + pos, f"{size - pos} bytes follow the last of {count} events")
-    return events
+    return frames
 
 
 def frame_at(buf: bytes | memoryview, pos: int, base: int = 0) -> tuple[str | None, int, int]:

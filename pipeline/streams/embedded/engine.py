@@ -461,10 +461,10 @@ class Engine:
         if block is None or block.offset == offset:
             return  # a block start, the tail, or the start of an empty segment
         try:
-            events = BlockReader(self.segment_file(row, segment)).block(block)
+            frames = BlockReader(self.segment_file(row, segment)).block(block)
         except BadBlock as bad:
             raise self.corrupted(row, segment, bad) from None
-        if any(off == offset for off, _, _, _ in events):
+        if any(frame[0] == offset for frame in frames):
             return
         msg = (
             f"offset {offset} of segment {segment} is not an event boundary;"

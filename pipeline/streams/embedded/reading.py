@@ -21,10 +21,11 @@ from pipeline.streams.embedded.blocks import (
     BadBlock,
     BlockHeader,
     BlockRow,
+    Frame,
     block_problem,
     crc32,
-    decode_events,
     frame_at,
+    parse_frames,
     parse_header,
     row_problem,
 )
@@ -37,7 +38,9 @@ MAX_KEY = 1024
 #: Enough for a block header, the longest meta, and the first frame's header and longest key.
 HEAD_READ = HEADER.size + MAX_META + EVENT.size + MAX_KEY
 
-Decoded = tuple[int, int, str | None, bytes]  # offset, end offset, routing key, payload
+#: A checked block: its row, its body (a view into the reader's buffer, valid until the next
+#: block is asked for, or the payload of a lone large event), and its frames in that body.
+Checked = tuple[BlockRow, bytes | memoryview, list[Frame]]
 
 
 class BlockReader:
@@ -54,18 +57,19 @@ class BlockReader:
         view = memoryview(self._buffer)[:size]
         return view[: os.preadv(self.segfile.fd, [view], offset)]
 
-    def block(self, row: BlockRow) -> list[Decoded]:
-        """The events of one block, checked whole."""
-        return next(self.run([row]))[1]
+    def block(self, row: BlockRow) -> list[Frame]:
+        """The frames of one block, checked whole."""
+        return next(self.run([row]))[2]
 
-    def run(self, rows: list[BlockRow]) -> Iterator[tuple[BlockRow, list[Decoded]]]:
-        """Each block of `rows` (contiguous) with its events, read in as few reads as possible;
-        a block's events come only once it is checked, so damage raises after the blocks before
-        it were delivered."""
+    def run(self, rows: list[BlockRow]) -> Iterator[Checked]:
+        """Each block of `rows` (contiguous), checked whole, read in as few reads as possible;
+        damage raises at its block, after the blocks before it were delivered. Payloads are
+        copied out of the buffer one by one as they are returned, each into a cache-warm
+        place, rather than a block's worth at once."""
         i = 0
         while i < len(rows):
             if _large_event(rows[i]):
-                yield rows[i], self._large_event(rows[i])
+                yield self._large_event(rows[i])
                 i += 1
                 continue
             j, size = i, 0
@@ -77,11 +81,11 @@ class BlockReader:
             data, pos = self.read(rows[i].offset, size), 0
             for row in rows[i:j]:
                 header, body = _checked(data, pos, row)
-                yield row, decode_events(body, header)
+                yield row, body, parse_frames(body, header)
                 pos += row.length
             i = j
 
-    def _large_event(self, row: BlockRow) -> list[Decoded]:
+    def _large_event(self, row: BlockRow) -> Checked:
         """The one event of a large block: header, frame and key read first, then the payload
         straight into the bytes returned; the CRC chained over the pieces."""
         head = memoryview(self.segfile.pread(min(row.length, HEAD_READ), row.offset))
@@ -96,7 +100,7 @@ class BlockReader:
         problem = block_problem(header, head[:frame], body_len, body_crc)
         if problem is not None:
             raise BadBlock(row.offset, problem)
-        return [(row.offset, row.end, key, payload)]
+        return row, payload, [(row.offset, row.end, key, 0, len(payload))]
 
 
 def _large_event(row: BlockRow) -> bool:
@@ -140,9 +144,10 @@ def read_events(
         while j < len(rows) and rows[j].offset == expected:
             expected = rows[j].end
             j += 1
-        for row, events in reader.run(rows[i:j]):
-            for off, end_off, key, payload in events:
-                if start <= off and end_off <= end:
+        for row, body, frames in reader.run(rows[i:j]):
+            for off, end_off, key, at, until in frames:
+                if start <= off and end_off <= end:  # (a whole bytes object is not copied)
+                    payload = bytes(body[at:until])
                     yield Event(stream, segment, off, end_off, key, payload, row.ingest_ns)
         if j < len(rows):
             msg = f"the index has no block here (the next one starts at {rows[j].offset})"

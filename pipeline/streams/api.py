@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -149,6 +149,61 @@ class StreamInfo:
                 for s in self.segments
             ],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing `verify` found wrong, or `repair` fixed or could not fix: where, and what.
+
+    `stream` is None for the store as a whole (its catalog); `segment` and `offset` are None
+    when the problem is not at one place in a segment. `fixable`: `repair` can fix it without
+    guessing (rebuild the index or the catalog, cut a torn tail).
+    """
+
+    stream: str | None
+    segment: int | None
+    offset: int | None
+    what: str
+    fixable: bool = False
+
+    def __str__(self) -> str:
+        where = [self.stream or "store"]
+        if self.segment is not None:
+            where.append(f"segment {self.segment}")
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        return f"{' '.join(where)}: {self.what}"
+
+
+#: A progress callback: (bytes checked so far, bytes to check in all).
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What `verify` checked and every problem it found (none: the store is intact)."""
+
+    problems: tuple[Problem, ...]
+    streams: int
+    segments: int
+    blocks: int
+    bytes: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What `repair` fixed (each `what` says how) and what it could not fix without guessing."""
+
+    fixed: tuple[Problem, ...]
+    unfixed: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.unfixed
 
 
 class EventWriter(ABC):
@@ -326,7 +381,9 @@ class StreamStore(ABC):
         self, stream: str, start: StreamCut | None = None, end: StreamCut | None = None
     ) -> Iterator[Event]:
         """Events between two cuts (head and tail by default), segment by segment in
-        ascending segment order, each in offset order. Bounded and repeatable."""
+        ascending segment order, each in offset order. Bounded and repeatable. A cut must
+        name every segment the stream had at its point, and lie within the tail
+        (`InvalidCut` otherwise, naming the missing segments or the tail)."""
 
     @abstractmethod
     def read_segment(
@@ -387,6 +444,22 @@ class StreamStore(ABC):
         from pipeline.streams.errors import Unsupported
 
         raise Unsupported(type(self).__name__, "auto-scale", "set a scaling policy on the stream")
+
+    # --- integrity ----------------------------------------------------------------------
+    def verify(self, stream: str | None = None, progress: Progress | None = None) -> VerifyReport:
+        """Check every stored byte of `stream` (all streams by default) against its checksum,
+        the index against the data files, transaction bodies and the catalog; change nothing."""
+        from pipeline.streams.errors import Unsupported
+
+        hint = "the cluster checks its own data (see its segment store's tools)"
+        raise Unsupported(type(self).__name__, "verify stored data", hint)
+
+    def repair(self, stream: str | None = None, progress: Progress | None = None) -> RepairReport:
+        """Fix what can be fixed without guessing; report what could not be fixed."""
+        from pipeline.streams.errors import Unsupported
+
+        hint = "the cluster repairs its own data (see its segment store's tools)"
+        raise Unsupported(type(self).__name__, "repair stored data", hint)
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold no handles
         """Release handles; the store stays usable by other processes."""

@@ -1,17 +1,18 @@
 """Stream cuts: a consistent position across all segments of a stream (Pravega's StreamCut).
 
-A cut maps each segment to a byte offset on an event boundary: the position of the next event
-to read in that segment. Its text form is stable and versioned, and needs no escaping in a URL,
-a file name, a log line or a TOML string:
+A cut maps every segment the stream had at that point (a later scale's may be left out) to a
+byte offset on an event boundary: the position of the next event to read in it. Its text form
+is stable and versioned, needs no escaping in a URL, a file name, a log line or TOML:
 
     v1~examples~network~0-1024~1-0
 
-that is `v1`, the scope, the stream, then `segment-offset` for each segment in ascending order.
-Names never contain `~` (`names.py`), so the form is unambiguous; other versions are refused.
+that is `v1`, the scope, the stream, then `segment-offset` (ASCII digits, at most 2^63-1) for
+each segment in ascending order. Names never contain `~` (`names.py`): the form is unambiguous.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,9 @@ from pipeline.streams.names import check_name
 
 CUT_VERSION = "v1"
 _SEP = "~"
+_POSITION = re.compile(r"([0-9]{1,19})-([0-9]{1,19})", re.ASCII)
+#: Segment numbers and offsets are stored as signed 64-bit integers.
+MAX_POSITION = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +80,16 @@ class StreamCut:
             raise InvalidCut(text, str(exc)) from None
         positions: dict[int, int] = {}
         for item in parts[3:]:
-            seg, dash, off = item.partition("-")
-            if not dash or not seg.isdigit() or not off.isdigit():
-                raise InvalidCut(text, f"{item!r} is not SEGMENT-OFFSET with two numbers")
-            if int(seg) in positions:
+            found = _POSITION.fullmatch(item)
+            if found is None:
+                msg = f"{item!r} is not SEGMENT-OFFSET with two numbers of ASCII digits 0-9"
+                raise InvalidCut(text, msg)
+            seg, off = int(found[1]), int(found[2])
+            if seg > MAX_POSITION or off > MAX_POSITION:
+                raise InvalidCut(text, f"{item!r} is out of range (at most {MAX_POSITION})")
+            if seg in positions:
                 raise InvalidCut(text, f"segment {seg} appears twice")
-            positions[int(seg)] = int(off)
+            positions[seg] = off
         return cls.of(scope, stream, positions)
 
     def check_stream(self, scope: str, stream_name: str) -> StreamCut:

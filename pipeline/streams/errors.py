@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pipeline.errors import SluiceError
 
+#: The highest event number a writer may use (a signed 64-bit integer, as stored).
+MAX_EVENT_NUMBER = 2**63 - 1
+
 
 class StreamStoreError(SluiceError):
     """Base class of every error the stream store raises on purpose."""
@@ -96,6 +99,96 @@ class Truncated(StreamStoreError):
             f"position {offset} is no longer readable; start from the head cut instead"
         )
         super().__init__(msg)
+
+
+class InvalidEventNumber(StreamStoreError, ValueError):
+    """A writer's event number outside 1..2^63-1: refused, never dropped or wrapped."""
+
+    def __init__(self, writer_id: str, number: int) -> None:
+        self.writer_id, self.number = writer_id, number
+        msg = (
+            f"event number {number} of writer {writer_id!r} is out of range: event numbers"
+            f" are whole numbers from 1 to {MAX_EVENT_NUMBER}, increasing per writer"
+        )
+        super().__init__(msg)
+
+
+class Corrupted(StreamStoreError):
+    """Stored data failed its check (a checksum, a frame, the index against the file).
+
+    Nothing of the damaged block is returned; events before it were delivered.
+    """
+
+    def __init__(self, stream: str, segment: int, offset: int, problem: str) -> None:
+        self.stream, self.segment, self.offset, self.problem = stream, segment, offset, problem
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return (
+            f"stream {self.stream} segment {self.segment} is damaged at offset {self.offset}:"
+            f" {self.problem}. Run `sluice store verify {self.stream}` to list the damage and"
+            " `sluice store repair` to fix what can be fixed"
+        )
+
+
+class SegmentDamaged(Corrupted):
+    """A write to a segment that is marked damaged: refused until `repair` has run."""
+
+    def _message(self) -> str:
+        return (
+            f"stream {self.stream} segment {self.segment} is damaged at offset {self.offset}"
+            f" ({self.problem}), so it takes no writes: run `sluice store verify {self.stream}`"
+            " to see the damage and `sluice store repair` to fix it; other segments and"
+            " streams keep working"
+        )
+
+
+class StoreFull(StreamStoreError):
+    """The disk (or a file size limit) is full: nothing of the failed write became visible."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        msg = (
+            f"no space left to write {path} ({reason}): this write was not acknowledged and"
+            " acknowledged data is intact; free some space (or truncate old data) and retry"
+        )
+        super().__init__(msg)
+
+
+class CatalogUnusable(StreamStoreError):
+    """The catalog cannot be used as it is; `repair` rebuilds it from the data files."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return (
+            f"the store catalog {self.path} cannot be used ({self.reason}): run"
+            " `sluice store repair` to rebuild it from the data files"
+        )
+
+
+class CatalogDamaged(CatalogUnusable):
+    """The catalog database cannot be read at all (not SQLite, or malformed)."""
+
+    def _message(self) -> str:
+        return (
+            f"the store catalog {self.path} is damaged ({self.reason}): the segment files are"
+            " untouched; run `sluice store repair` to set the damaged catalog aside and"
+            " rebuild it from the data files"
+        )
+
+
+class CatalogMismatch(CatalogUnusable):
+    """The catalog does not describe the data beside it: lost, emptied, replaced or old."""
+
+    def _message(self) -> str:
+        return (
+            f"the store catalog {self.path} does not match the data beside it: {self.reason}."
+            " Nothing was changed; run `sluice store repair` to rebuild the catalog from the"
+            " data files"
+        )
 
 
 class TxnNotFound(StreamStoreError, LookupError):

@@ -1,7 +1,7 @@
 """The embedded store's catalog: one SQLite database (WAL) shared by every process.
 
-Two connections with two durability levels:
-
+Two connections with two durability levels (a catalog that is unreadable or refused raises a
+typed error from every query and write):
 - `meta` (synchronous=FULL): scopes, streams, segments, transactions, reader groups. A change
   here that returned has survived a power cut.
 - `index` (synchronous=NORMAL): the block index and writer positions. They are derived from the
@@ -15,10 +15,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
-FORMAT_VERSION = "1"
+from pipeline.streams.errors import CatalogDamaged, StoreFull, StreamStoreError
+
+FORMAT_VERSION = "2"
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,6 +66,9 @@ CREATE TABLE IF NOT EXISTS rg_positions(
 CREATE TABLE IF NOT EXISTS rg_readers(
     group_name TEXT NOT NULL, reader_id TEXT NOT NULL, heartbeat_ns INTEGER NOT NULL,
     PRIMARY KEY(group_name, reader_id));
+CREATE TABLE IF NOT EXISTS damage(
+    stream_id INTEGER NOT NULL, segment INTEGER NOT NULL, offset INTEGER NOT NULL,
+    problem TEXT NOT NULL, found_ns INTEGER NOT NULL, PRIMARY KEY(stream_id, segment));
 CREATE TABLE IF NOT EXISTS rg_checkpoints(
     group_name TEXT NOT NULL, name TEXT NOT NULL, cut TEXT NOT NULL, created_ns INTEGER NOT NULL,
     PRIMARY KEY(group_name, name));
@@ -83,44 +89,102 @@ class Catalog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
-        self.meta = _connect(path, "FULL")
-        with self.write(self.meta) as db:
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('format_version', ?)",
-                (FORMAT_VERSION,),
-            )
-        self.index = _connect(path, "NORMAL")
+        self.refusal: StreamStoreError | None = None
+        self.meta: sqlite3.Connection | None = None
+        self.index: sqlite3.Connection | None = None
+        try:
+            self.meta = _connect(path, "FULL")
+            with self.write(self.meta) as db:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            self.index = _connect(path, "NORMAL")
+        except (sqlite3.DatabaseError, CatalogDamaged) as exc:
+            self.close()
+            error = self._translate(exc) if isinstance(exc, sqlite3.Error) else exc
+            if not isinstance(error, CatalogDamaged):
+                raise error from None
+            self.meta = self.index = None
+            self.refusal = error
+
+    @property
+    def readable(self) -> bool:
+        """False when the database could not be opened at all (see `refusal`)."""
+        return self.meta is not None
+
+    def identity(self) -> tuple[str | None, str | None]:
+        """The catalog's format version and store id (None, None for a new or emptied one)."""
+        rows = dict(self.query("SELECT key, value FROM meta", unchecked=True))
+        return rows.get("format_version"), rows.get("store_id")
+
+    def refuse(self, error: StreamStoreError | None) -> None:
+        """Raise `error` from every later query and write (None: serve again)."""
+        self.refusal = error
+
+    def _translate(self, exc: sqlite3.Error) -> Exception:
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code == _SQLITE_FULL:
+            return StoreFull(str(self.path), "the catalog database cannot grow")
+        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+            return CatalogDamaged(str(self.path), str(exc))
+        return exc
 
     @contextmanager
-    def write(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Cursor]:
+    def write(
+        self, conn: sqlite3.Connection | None = None, *, unchecked: bool = False
+    ) -> Iterator[sqlite3.Cursor]:
+        if self.refusal is not None and (not unchecked or self.meta is None):
+            raise self.refusal
         conn = conn or self.meta
         with self._lock:
-            cur = conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
             try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
+                cur = conn.cursor()
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    yield cur
+                    cur.execute("COMMIT")
+                except BaseException:
+                    with suppress(sqlite3.Error):
+                        cur.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from None
 
-    def query(self, sql: str, params: tuple = (), *, index: bool = False) -> list[tuple]:
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Cursor]:
+        """A cursor on the metadata for several queries in a row (no transaction)."""
+        if self.refusal is not None:
+            raise self.refusal
+        with self._lock:
+            try:
+                yield self.meta.cursor()
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from None
+
+    def query(
+        self, sql: str, params: tuple = (), *, index: bool = False, unchecked: bool = False
+    ) -> list[tuple]:
         """Read the metadata, or with `index` the block index and writer positions (the
         NORMAL-sync connection)."""
+        if self.refusal is not None and (not unchecked or self.meta is None):
+            raise self.refusal
         with self._lock:
-            return (self.index if index else self.meta).execute(sql, params).fetchall()
+            try:
+                return (self.index if index else self.meta).execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from None
 
-    def query_one(self, sql: str, params: tuple = (), *, index: bool = False) -> tuple | None:
-        rows = self.query(sql, params, index=index)
+    def query_one(
+        self, sql: str, params: tuple = (), *, index: bool = False, unchecked: bool = False
+    ) -> tuple | None:
+        rows = self.query(sql, params, index=index, unchecked=unchecked)
         return rows[0] if rows else None
 
     def close(self) -> None:
         with self._lock:
-            self.meta.close()
-            self.index.close()
+            for conn in (self.meta, self.index):
+                if conn is not None:
+                    conn.close()
 
 
 def now_ns() -> int:

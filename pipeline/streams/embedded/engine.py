@@ -1,36 +1,55 @@
 """The engine beneath the embedded store: one store directory's catalog, segment files and index.
 
-`Engine` knows a stream by its catalog row (`StreamRow`). It repairs torn segment tails, keeps
-the block index caught up with the segment files, appends blocks, checks event boundaries and
-reads the events of a segment. The public store (`store.py`), its writers, transactions,
-reader groups and scaling all work through it; it imports none of them. What is on disk and
-why it survives a crash: FORMAT.md.
+`Engine` knows a stream by its catalog row (`StreamRow`). It binds the catalog to the data
+(store id, manifests), keeps the block index caught up with the segment files, settles torn
+tails, marks damaged segments, appends blocks, checks cuts and event boundaries, and reads a
+segment's events, each block checked before any of its events is returned. The public store
+(`store.py`), its writers, transactions, reader groups, scaling and integrity checks all work
+through it; it imports none of them. What is on disk and why it survives a crash: FORMAT.md.
 """
 
 from __future__ import annotations
 
-import shutil
+import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.streams.api import Event, check_event
-from pipeline.streams.cut import StreamCut
+from pipeline.streams.cut import StreamCut, as_cut
+from pipeline.streams.embedded.binding import HeadBlock, bind, manifest_of
 from pipeline.streams.embedded.blocks import (
+    BadBlock,
     BlockHeader,
+    BlockRow,
     encode_event,
-    event_frame,
-    iter_events,
     parse_header,
 )
-from pipeline.streams.embedded.catalog import Catalog
+from pipeline.streams.embedded.catalog import Catalog, now_ns
+from pipeline.streams.embedded.manifest import (
+    MANIFEST_FILE,
+    StreamManifest,
+    read_manifest,
+    stream_dir,
+    write_manifest,
+)
+from pipeline.streams.embedded.reading import BlockReader, read_events
 from pipeline.streams.embedded.routing import SegmentRange
 from pipeline.streams.embedded.segment import SegmentFile
-from pipeline.streams.errors import InvalidCut, StreamNotFound, StreamSealed, Truncated
+from pipeline.streams.errors import (
+    CatalogMismatch,
+    Corrupted,
+    InvalidCut,
+    SegmentDamaged,
+    StreamNotFound,
+    StreamSealed,
+    StreamStoreError,
+    Truncated,
+)
 from pipeline.streams.names import parse_stream
 
-READ_CHUNK = 1 << 20
-SINGLE_EVENT_READ = 16 << 10
+__all__ = ["BlockRow", "Engine", "StreamRow", "encode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,36 +65,38 @@ class StreamRow:
         return f"{self.scope}/{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
-class BlockRow:
-    """One block of the index: where it lies in its segment, its events and times."""
-
-    offset: int
-    length: int
-    events: int
-    ingest_ns: int
-    t_min: int | None
-    t_max: int | None
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
 def encode(payload: bytes, key: str | None) -> bytes:
     """An event's frame as stored, once the payload and routing key pass the API's checks."""
     return encode_event(check_event(payload, key), key)
 
 
 class Engine:
-    """The catalog and open segment files of one store directory, shared by all its parts."""
+    """The catalog and open segment files of one store directory, shared by all its parts.
+
+    A catalog that cannot be read or does not match the data leaves the engine open but
+    refusing: every catalog access raises the typed error (`CatalogDamaged`, `CatalogMismatch`)
+    until `repair` rebuilds it; `problem` holds that error.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.catalog = Catalog(root / "catalog.db")
         self._files: dict[tuple[int, int], SegmentFile] = {}
-        self._repaired: set[int] = set()
+        self._opened: set[int] = set()
+        self.open_catalog()
+
+    def open_catalog(self) -> None:
+        """Open the catalog and bind it to the data (again, after `repair` rebuilt it)."""
+        self._opened.clear()
+        self.store_id = ""
+        self.catalog = Catalog(self.root / "catalog.db")
+        self.problem: StreamStoreError | None = self.catalog.refusal
+        if self.catalog.readable:
+            try:
+                self.store_id = bind(self.root, self.catalog, self._head_blocks)
+            except CatalogMismatch as exc:
+                self.problem = exc
+                self.catalog.refuse(exc)
 
     def close(self) -> None:
         for f in self._files.values():
@@ -91,14 +112,18 @@ class Engine:
         return StreamRow(row[0], scope, name) if row else None
 
     def stream_row(self, stream: str) -> StreamRow:
-        """The catalog row of a stream; repairs torn segment tails on first use (see FORMAT.md)."""
+        """The catalog row of a stream. On first use in this process its manifest is brought in
+        line with the catalog and its torn segment tails are settled (see FORMAT.md)."""
         scope, name = parse_stream(stream)
         row = self.lookup(scope, name)
         if row is None:
             raise StreamNotFound(scope, name)
-        if row.id not in self._repaired:
-            self._repair_stream(row)
-            self._repaired.add(row.id)
+        if row.id not in self._opened:
+            self.sync_manifest(row)
+            for seg, _, _ in self.segments(row):
+                if self.segment_file(row, seg).path.exists():
+                    self._settle_unlocked(row, seg)
+            self._opened.add(row.id)
         return row
 
     def is_sealed(self, row: StreamRow) -> bool:
@@ -112,10 +137,71 @@ class Engine:
             raise StreamSealed(row.scope, row.name)
 
     def remove_files(self, row: StreamRow) -> None:
-        """Close and delete the segment files of a stream the catalog has deleted."""
+        """Close and delete the segment files of a stream the catalog has deleted; its manifest
+        stays behind as a tombstone, so its id is never used again."""
         for key in [k for k in self._files if k[0] == row.id]:
             self._files.pop(key).close()
-        shutil.rmtree(self.root / "data" / str(row.id), ignore_errors=True)
+        for path in stream_dir(self.root, row.id).glob("*.seg"):
+            path.unlink(missing_ok=True)
+
+    # --- manifests ----------------------------------------------------------------------
+    @contextmanager
+    def changing(self, row: StreamRow) -> Iterator:
+        """A catalog transaction that changes a stream; its manifest is written before it
+        commits (a manifest is never behind its catalog) and put back if it fails."""
+        try:
+            with self.catalog.write() as db:
+                yield db
+                self._write_manifest(db, row.id)
+        except BaseException:
+            with suppress(Exception):
+                self.sync_manifest(row)
+            raise
+
+    def sync_manifest(self, row: StreamRow) -> None:
+        """Write the stream's manifest from the catalog, unless it says the same already (then
+        no lock is taken); one naming another stream or store is refused."""
+        if self._stored_manifest(row) == self.manifest(row.id):
+            return
+        with self.catalog.write() as db:  # serialised with changes that write it too
+            found = self._stored_manifest(row)
+            if found is not None and (found.store_id, found.scope, found.name) != (
+                self.store_id,
+                row.scope,
+                row.name,
+            ):
+                path = stream_dir(self.root, row.id) / MANIFEST_FILE
+                reason = (
+                    f"the catalog says data/{row.id} holds {row.qualified}, but its manifest"
+                    f" {path} says {found.qualified} of store {found.store_id}"
+                )
+                raise CatalogMismatch(str(self.catalog.path), reason)
+            self._write_manifest(db, row.id)
+
+    def _stored_manifest(self, row: StreamRow) -> StreamManifest | None:
+        try:
+            return read_manifest(self.root, row.id)
+        except ValueError:
+            return None
+
+    def manifest(self, stream_id: int) -> StreamManifest:
+        """A stream's manifest as the catalog describes it now."""
+        with self.catalog.reading() as db:
+            return manifest_of(db, self.store_id, stream_id, self._head_blocks(stream_id))
+
+    def _write_manifest(self, db: sqlite3.Cursor, stream_id: int) -> None:
+        manifest = manifest_of(db, self.store_id, stream_id, self._head_blocks(stream_id))
+        write_manifest(self.root, manifest)
+
+    def _head_blocks(self, stream_id: int) -> HeadBlock:
+        """Where the block holding a segment's head starts (the head itself if none does)."""
+        row = StreamRow(stream_id, "", "")
+
+        def head_block(segment: int, head: int) -> int:
+            block = self.block_at(row, segment, head)
+            return block.offset if block is not None else head
+
+        return head_block
 
     # --- segments -----------------------------------------------------------------------
     def segments(self, row: StreamRow, active_only: bool = False) -> list[SegmentRange]:
@@ -123,6 +209,15 @@ class Engine:
         if active_only:
             sql += " AND sealed=0"
         return self.catalog.query(sql + " ORDER BY segment", (row.id,))
+
+    def predecessors(self, row: StreamRow) -> dict[int, list[int]]:
+        """Each segment created by a scale -> the segments it succeeded."""
+        found: dict[int, list[int]] = {}
+        for seg, pred in self.catalog.query(
+            "SELECT segment, predecessor FROM segment_predecessors WHERE stream_id=?", (row.id,)
+        ):
+            found.setdefault(seg, []).append(pred)
+        return found
 
     def segment_sealed(self, row: StreamRow, segment: int) -> bool:
         found = self.catalog.query_one(
@@ -150,11 +245,45 @@ class Engine:
     def segment_file(self, row: StreamRow, segment: int) -> SegmentFile:
         key = (row.id, segment)
         if key not in self._files:
-            path = self.root / "data" / str(row.id) / f"{segment}.seg"
+            path = stream_dir(self.root, row.id) / f"{segment}.seg"
             self._files[key] = SegmentFile(path)
         return self._files[key]
 
-    # --- the block index: catch-up, repair, append ----------------------------------------
+    # --- damage -------------------------------------------------------------------------
+    def damage(self, row: StreamRow, segment: int) -> tuple[int, str] | None:
+        """Where a segment is marked damaged and what is wrong there, if it is."""
+        return self.catalog.query_one(
+            "SELECT offset, problem FROM damage WHERE stream_id=? AND segment=?", (row.id, segment)
+        )
+
+    def mark_damaged(self, row: StreamRow, segment: int, offset: int, problem: str) -> None:
+        """Record the first damage found in a segment: it takes no writes until `repair`."""
+        with suppress(StreamStoreError), self.catalog.write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO damage(stream_id, segment, offset, problem, found_ns)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (row.id, segment, offset, problem, now_ns()),
+            )
+
+    def clear_damage(self, row: StreamRow, segment: int) -> None:
+        with self.catalog.write() as db:
+            db.execute("DELETE FROM damage WHERE stream_id=? AND segment=?", (row.id, segment))
+
+    def check_undamaged(self, row: StreamRow, segment: int) -> None:
+        found = self.damage(row, segment)
+        if found is not None:
+            raise SegmentDamaged(row.qualified, segment, found[0], found[1])
+
+    def corrupted(self, row: StreamRow, segment: int, bad: BadBlock) -> StreamStoreError:
+        """The error for a block that failed its check: `Truncated` if a truncation raced the
+        read past it, else `Corrupted`, the segment marked damaged."""
+        head = self.segment_head(row, segment)
+        if bad.offset < head:
+            return Truncated(row.qualified, segment, bad.offset, head)
+        self.mark_damaged(row, segment, bad.offset, bad.problem)
+        return Corrupted(row.qualified, segment, bad.offset, bad.problem)
+
+    # --- the block index: catch-up, torn tails, append -----------------------------------
     def indexed_end(self, row: StreamRow, segment: int) -> int:
         found = self.catalog.query_one(
             "SELECT offset + length FROM blocks WHERE stream_id=? AND segment=?"
@@ -165,9 +294,24 @@ class Engine:
         return found[0] if found else 0
 
     def catch_up(self, row: StreamRow, segment: int) -> int:
-        """Index the valid blocks past the indexed end; return the segment's valid end (tail)."""
+        """Index the valid blocks past the indexed end; return the segment's valid end (tail).
+
+        A file shorter than its index marks the segment damaged; its tail stays where the
+        index ends (reads stop with `Corrupted` where the data does).
+        """
         start = self.indexed_end(row, segment)
-        headers, end = self.segment_file(row, segment).scan(start)
+        segfile = self.segment_file(row, segment)
+        if start and (size := segfile.size()) < start:
+            lost = self.catalog.query_one(
+                "SELECT offset FROM blocks WHERE stream_id=? AND segment=? AND offset+length>?"
+                " ORDER BY offset LIMIT 1",
+                (row.id, segment, size),
+                index=True,
+            )
+            problem = f"the segment file ends at {size}, before the end of its index ({start})"
+            self.mark_damaged(row, segment, lost[0] if lost else size, problem)
+            return start
+        headers, end = segfile.scan(start)
         if headers:
             self.index_blocks(row, segment, headers)
         return end
@@ -194,25 +338,41 @@ class Engine:
                 ],
             )
 
-    def _repair_stream(self, row: StreamRow) -> None:
-        """Truncate torn tails left by a crash, where no writer holds the segment right now."""
-        for seg, _, _ in self.segments(row):
-            segfile = self.segment_file(row, seg)
-            if not segfile.path.exists():
-                continue
-            with segfile.try_locked() as locked:
-                if locked:
-                    segfile.repair(self.catch_up(row, seg))
+    def _settle_unlocked(self, row: StreamRow, segment: int) -> None:
+        """Settle a segment's tail if no one is appending to it right now."""
+        segfile = self.segment_file(row, segment)
+        with segfile.try_locked() as locked:
+            if locked:
+                self.settle_tail(row, segment, self.catch_up(row, segment))
+
+    def settle_tail(self, row: StreamRow, segment: int, valid_end: int) -> None:
+        """Bytes past the valid end (caller holds the lock): a torn tail is cut, unless a valid
+        block follows it; then it is damage, marked and left for `repair`."""
+        segfile = self.segment_file(row, segment)
+        if segfile.size() <= valid_end:
+            return
+        later = segfile.next_valid_block(valid_end)
+        if later is None:
+            segfile.repair(valid_end)
+            return
+        problem = (
+            f"{later - valid_end} bytes at {valid_end} are no valid block, but valid blocks"
+            f" follow at {later} (kept for `sluice store repair`)"
+        )
+        self.mark_damaged(row, segment, valid_end, problem)
 
     def append_block(
         self, row: StreamRow, segment: int, header: bytes, body: list[bytes | memoryview]
     ) -> int:
-        """Append one block at the valid end of a segment (caller holds its lock); index it."""
+        """Append one block at the valid end of a segment (caller holds its lock); index it.
+
+        Refused with `SegmentDamaged` when the segment is damaged (or found so now)."""
         segfile = self.segment_file(row, segment)
         at = self.catch_up(row, segment)
+        self.settle_tail(row, segment, at)
+        self.check_undamaged(row, segment)
         end = segfile.append(at, [header, *body])
-        data = memoryview(header)
-        parsed = parse_header(data, 0, at)
+        parsed = parse_header(memoryview(header), 0, at)
         assert parsed is not None and parsed.end == end
         self.index_blocks(row, segment, [parsed])
         return at
@@ -248,16 +408,63 @@ class Engine:
         block = BlockRow(*found) if found else None
         return block if block is not None and offset < block.end else None
 
-    # --- reading ------------------------------------------------------------------------
+    # --- cuts ---------------------------------------------------------------------------
+    def check_cut(self, row: StreamRow, cut: StreamCut | str) -> StreamCut:
+        """`cut` if it is a whole cut of this stream: it names every segment the stream had at
+        that point, and no offset lies past a segment's tail; else `InvalidCut`."""
+        cut = as_cut(cut).check_stream(row.scope, row.name)
+        known = {seg for seg, _, _ in self.segments(row)}
+        unknown = sorted(set(cut.segments) - known)
+        if unknown:
+            raise InvalidCut(cut.text, f"{row.qualified} has no segment {unknown[0]}")
+        missing = self.missing_segments(row, set(cut.segments))
+        if missing:
+            reason = (
+                f"it does not name segment{'s' if len(missing) > 1 else ''}"
+                f" {', '.join(map(str, missing))}, which {row.qualified} had at that point;"
+                " a cut names every segment (take cuts from the store: head, tail, a reader"
+                " group, an event's offsets)"
+            )
+            raise InvalidCut(cut.text, reason)
+        for seg, off in cut.positions:
+            if off < 0:
+                raise InvalidCut(cut.text, f"offset {off} of segment {seg} is negative")
+            tail = self.catch_up(row, seg)
+            if off > tail:
+                raise InvalidCut(cut.text, self.past_tail(row, seg, off, tail))
+        return cut
+
+    def missing_segments(self, row: StreamRow, named: set[int]) -> list[int]:
+        """Segments a cut naming `named` must name too: the original segments, and every
+        predecessor and sibling (made by the same scale) of a segment it names."""
+        preds = self.predecessors(row)
+        required = set(named) | {seg for seg, _, _ in self.segments(row) if seg not in preds}
+        frontier = list(required)
+        while frontier:
+            seg = frontier.pop()
+            mine = set(preds.get(seg, []))
+            siblings = {s for s, p in preds.items() if mine & set(p)}
+            for other in (mine | siblings) - required:
+                required.add(other)
+                frontier.append(other)
+        return sorted(required - named)
+
+    def past_tail(self, row: StreamRow, segment: int, offset: int, tail: int) -> str:
+        return (
+            f"offset {offset} is past the tail ({tail}) of segment {segment};"
+            f" the stream's tail is {self.tail(row).text}"
+        )
+
     def check_boundary(self, row: StreamRow, segment: int, offset: int) -> None:
         """Raise `InvalidCut` unless `offset` is an event boundary of the segment."""
         block = self.block_at(row, segment, offset)
         if block is None or block.offset == offset:
             return  # a block start, the tail, or the start of an empty segment
-        data = memoryview(self.segment_file(row, segment).pread(block.length, block.offset))
-        header = parse_header(data, 0, block.offset)
-        body = data[header.body_offset - block.offset :] if header else b""
-        if header and any(off == offset for off, _, _, _ in iter_events(body, header)):
+        try:
+            frames = BlockReader(self.segment_file(row, segment)).block(block)
+        except BadBlock as bad:
+            raise self.corrupted(row, segment, bad) from None
+        if any(frame[0] == offset for frame in frames):
             return
         msg = (
             f"offset {offset} of segment {segment} is not an event boundary;"
@@ -265,21 +472,28 @@ class Engine:
         )
         raise InvalidCut(text=f"{segment}-{offset}", reason=msg)
 
+    # --- reading ------------------------------------------------------------------------
     def read_segment(
         self, row: StreamRow, segment: int, start: int, end: int | None = None
     ) -> Iterator[Event]:
-        """Events of one segment from `start` up to `end` (its tail by default)."""
+        """Events of one segment from `start` up to `end` (its tail by default), each block
+        checked before its events are returned (`Corrupted` at the first damaged one)."""
         known = {s for s, _, _ in self.segments(row)}
         if not known:  # only a deleted stream has no segments
             raise StreamNotFound(row.scope, row.name)
         if segment not in known:
             msg = f"{row.qualified} has no segment {segment}"
             raise InvalidCut(text=f"{segment}-{start}", reason=msg)
+        for offset in (start, end):
+            if offset is not None and (not isinstance(offset, int) or offset < 0):
+                msg = f"an offset is a whole number of bytes from 0, not {offset!r}"
+                raise InvalidCut(text=f"{segment}-{offset}", reason=msg)
         tail = self.catch_up(row, segment)
         end = tail if end is None else end
-        if end > tail:
-            msg = f"offset {end} is past the tail ({tail}) of segment {segment}"
-            raise InvalidCut(text=f"{segment}-{end}", reason=msg)
+        for offset in (start, end):
+            if offset > tail:
+                msg = self.past_tail(row, segment, offset, tail)
+                raise InvalidCut(text=f"{segment}-{offset}", reason=msg)
         if start >= end:  # an empty range reads nothing, even one the head has passed
             return iter(())
         head = self.segment_head(row, segment)
@@ -288,68 +502,11 @@ class Engine:
         return self._read_range(row, segment, start, end)
 
     def _read_range(self, row: StreamRow, segment: int, start: int, end: int) -> Iterator[Event]:
-        """Events of indexed blocks in [start, end), read with as few copies as possible.
-
-        Small blocks are read together in chunks of up to READ_CHUNK bytes; a large block with
-        one event (a typical 1000-sample event) has its payload read straight into the bytes
-        object returned, one copy from the page cache.
-        """
         self.check_boundary(row, segment, start)
         self.check_boundary(row, segment, end)
         blocks = self.blocks(row, segment, start, end)
-        i = 0
-        while i < len(blocks):
-            if blocks[i].events == 1 and blocks[i].length > SINGLE_EVENT_READ:
-                yield from self._events_in(row, segment, [blocks[i]], start, end, single=True)
-                i += 1
-                continue
-            j, size = i, 0
-            while j < len(blocks) and (size == 0 or size + blocks[j].length <= READ_CHUNK):
-                if blocks[j].events == 1 and blocks[j].length > SINGLE_EVENT_READ and j > i:
-                    break
-                size += blocks[j].length
-                j += 1
-            yield from self._events_in(row, segment, blocks[i:j], start, end, single=False)
-            i = j
-
-    def _events_in(
-        self,
-        row: StreamRow,
-        segment: int,
-        blocks: list[BlockRow],
-        start: int,
-        end: int,
-        *,
-        single: bool,
-    ) -> Iterator[Event]:
-        segfile = self.segment_file(row, segment)
-        first = blocks[0].offset
-        size = SINGLE_EVENT_READ if single else blocks[-1].end - first
-        data = memoryview(segfile.pread(size, first))
-        pos = 0
-        for block in blocks:
-            header = parse_header(data, pos, block.offset)
-            if header is None:
-                msg = f"block at {block.offset} of segment {segment} is unreadable"
-                raise InvalidCut(text=f"{segment}-{block.offset}", reason=msg)
-            if single:
-                key, payload_at, payload_len = event_frame(data, header.body_offset - first)
-                payload = segfile.pread(payload_len, first + payload_at)
-                if block.offset >= start and block.end <= end:
-                    yield Event(
-                        row.qualified,
-                        segment,
-                        block.offset,
-                        block.end,
-                        key,
-                        payload,
-                        header.ingest_ns,
-                    )
-                return
-            body = data[pos + header.body_offset - block.offset : pos + block.length]
-            for off, end_off, key, payload in iter_events(body, header):
-                if start <= off and end_off <= end:
-                    yield Event(
-                        row.qualified, segment, off, end_off, key, payload, header.ingest_ns
-                    )
-            pos += block.length
+        reader = BlockReader(self.segment_file(row, segment))
+        try:
+            yield from read_events(reader, row.qualified, segment, blocks, start=start, end=end)
+        except BadBlock as bad:
+            raise self.corrupted(row, segment, bad) from None

@@ -15,10 +15,9 @@ import sqlite3
 import time
 
 from pipeline.streams.api import Event, EventReader, ReaderGroup
-from pipeline.streams.cut import StreamCut, as_cut
+from pipeline.streams.cut import StreamCut
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow
-from pipeline.streams.embedded.scaling import predecessors
 from pipeline.streams.errors import InvalidName, ReaderGroupNotFound
 from pipeline.streams.names import check_name
 
@@ -36,8 +35,7 @@ class EmbeddedReaderGroup(ReaderGroup):
         cls, engine: Engine, name: str, row: StreamRow, start: StreamCut | None
     ) -> EmbeddedReaderGroup:
         check_name("reader group", name)
-        start = as_cut(start).check_stream(row.scope, row.name) if start else None
-        start = start or engine.head(row)
+        start = engine.check_cut(row, start) if start else engine.head(row)
         with engine.catalog.write() as db:
             found = db.execute(
                 "SELECT stream_id FROM reader_groups WHERE name=?", (name,)
@@ -93,7 +91,7 @@ class EmbeddedReaderGroup(ReaderGroup):
         return cut
 
     def reset(self, cut: StreamCut) -> None:
-        cut = as_cut(cut).check_stream(self.row.scope, self.row.name)
+        cut = self.engine.check_cut(self.row, cut)
         with self.engine.catalog.write() as db:
             db.execute("DELETE FROM rg_positions WHERE group_name=?", (self.name,))
             db.executemany(
@@ -125,7 +123,7 @@ class EmbeddedReader(EventReader):
             )
             if flag
         }
-        preds = predecessors(self.engine, row)
+        preds = self.engine.predecessors(row)
         with self.engine.catalog.write() as db:
             db.execute(
                 "UPDATE rg_readers SET heartbeat_ns=? WHERE group_name=? AND reader_id=?",

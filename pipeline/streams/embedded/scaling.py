@@ -38,7 +38,7 @@ def scale(
     with ExitStack() as locks:
         for seg in sorted(seal):  # block appends to the sealed segments while they change
             locks.enter_context(engine.segment_file(row, seg).locked())
-        with engine.catalog.write() as db:
+        with engine.changing(row) as db:
             busy = db.execute(
                 "SELECT COUNT(*) FROM txn_segments ts JOIN txns t USING (txn_id)"
                 " WHERE t.stream_id=? AND t.state='committing' AND ts.done=0"
@@ -98,15 +98,6 @@ def _check_cover(
             " (merge only neighbours)"
         )
         raise InvalidCut(text=str(new), reason=msg)
-
-
-def predecessors(engine: Engine, row: StreamRow) -> dict[int, list[int]]:
-    found: dict[int, list[int]] = {}
-    for seg, pred in engine.catalog.query(
-        "SELECT segment, predecessor FROM segment_predecessors WHERE stream_id=?", (row.id,)
-    ):
-        found.setdefault(seg, []).append(pred)
-    return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,26 +4,55 @@ Appenders take `flock(LOCK_EX)` on the file (and a thread lock, since flock is p
 write a whole block at the valid end with one `pwritev`, `fdatasync`, and only then let the
 block be indexed. Readers never lock: they read only indexed blocks, or validate a block's CRC
 before they index it. Whoever holds the lock and finds bytes past the last valid block knows
-no one is writing them: they are the torn tail of a crash, and it truncates them (repair).
+no one is writing them: they are the torn tail of a crash, cut unless a valid block follows
+them (then they are damage, left for `repair`). A full disk raises `StoreFull` after the
+half-written block is cut away again.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.durable import fsync_dir
-from pipeline.streams.embedded.blocks import HEADER, BlockHeader, block_is_intact, parse_header
+from pipeline.streams.embedded.blocks import (
+    BLOCK_MAGIC,
+    HEADER,
+    MAX_META,
+    BlockHeader,
+    block_is_intact,
+    parse_header,
+)
+from pipeline.streams.embedded.space import out_of_space
 
 SCAN_CHUNK = 1 << 20
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def _intact(header: BlockHeader, block: memoryview) -> bool:
+    meta_end = HEADER.size + len(header.meta)
+    return block_is_intact(header, block[:meta_end], block[meta_end:])
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What a segment file holds from some offset on: its valid blocks, the byte ranges that
+    are no valid block but have valid blocks after them (damage), and a torn tail (invalid
+    bytes up to the end of the file, nothing valid after them)."""
+
+    blocks: list[BlockHeader]
+    damaged: list[tuple[int, int]]
+    torn_tail: tuple[int, int] | None
+    size: int
 
 
 class SegmentFile:
@@ -36,11 +65,13 @@ class SegmentFile:
     def fd(self) -> int:
         if self._fd is None:
             existed = self.path.exists()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            if not existed:  # make the new file's and its new directory's entries durable
-                for directory in (self.path.parent, *list(self.path.parents)[1:3]):
-                    fsync_dir(directory)
+            with out_of_space(self.path):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                if not existed:  # make the new file's and its new directory's entries durable
+                    for directory in (self.path.parent, *list(self.path.parents)[1:3]):
+                        fsync_dir(directory)
+            self._fd = fd
         return self._fd
 
     def close(self) -> None:
@@ -86,38 +117,92 @@ class SegmentFile:
         """Valid blocks from `start` on, and the end of the last one (the valid end).
 
         Stops at the first block that is incomplete or fails its CRC: past that point the
-        file holds either a block still being written or the torn tail of a crash.
+        file holds either a block still being written, the torn tail of a crash, or damage.
+        Small blocks are checked many to a read.
         """
         headers: list[BlockHeader] = []
-        pos = start
+        pos, size = start, self.size()
+        while pos < size:
+            data = memoryview(self.pread(min(SCAN_CHUNK, size - pos), pos))
+            off = 0
+            while (header := parse_header(data, off, pos + off)) is not None:
+                if header.length > size - (pos + off):
+                    return headers, pos + off  # runs past the end of the file: incomplete
+                if off + header.length > len(data):
+                    if off == 0:  # one block larger than a read: read it whole
+                        data = memoryview(self.pread(header.length, pos))
+                    else:
+                        break
+                if not _intact(header, data[off : off + header.length]):
+                    return headers, pos + off
+                headers.append(header)
+                off += header.length
+            if off == 0:
+                return headers, pos
+            pos += off
+        return headers, pos
+
+    def valid_block(self, pos: int, size: int) -> BlockHeader | None:
+        """The header of the valid block (whole, CRC matching) at `pos`, or None."""
+        header = parse_header(self.pread(HEADER.size + MAX_META, pos), 0, pos)
+        if header is None or header.length > size - pos:
+            return None
+        return header if _intact(header, memoryview(self.pread(header.length, pos))) else None
+
+    def next_valid_block(self, after: int) -> int | None:
+        """Where the first valid block that starts after `after` lies, if any: bytes that fail
+        their check with a valid block after them are damage, not a torn tail."""
+        size = self.size()
+        pos = after + 1
+        while pos < size:
+            chunk = self.pread(SCAN_CHUNK + len(BLOCK_MAGIC) - 1, pos)
+            found = chunk.find(BLOCK_MAGIC)
+            while 0 <= found < SCAN_CHUNK:
+                if self.valid_block(pos + found, size) is not None:
+                    return pos + found
+                found = chunk.find(BLOCK_MAGIC, found + 1)
+            pos += SCAN_CHUNK
+        return None
+
+    def survey(self, start: int) -> Survey:
+        """Every valid block from `start` on, reading through damage (see `Survey`)."""
+        blocks: list[BlockHeader] = []
+        damaged: list[tuple[int, int]] = []
+        pos, size = start, self.size()
         while True:
-            head = self.pread(SCAN_CHUNK, pos)
-            header = parse_header(head, 0, pos)
-            if header is None:
-                return headers, pos
-            total = header.length
-            data = head if len(head) >= total else self.pread(total, pos)
-            meta_end = HEADER.size + len(header.meta)
-            header_bytes = memoryview(data)[:meta_end]
-            body = memoryview(data)[meta_end:total]
-            if not block_is_intact(header, header_bytes, body):
-                return headers, pos
-            headers.append(header)
-            pos += total
+            headers, end = self.scan(pos)
+            blocks += headers
+            if end >= size:
+                return Survey(blocks, damaged, None, size)
+            later = self._resume_after(end, size)
+            if later is None:
+                return Survey(blocks, damaged, (end, size), size)
+            damaged.append((end, later))
+            pos = later
+
+    def _resume_after(self, bad: int, size: int) -> int | None:
+        """Where valid blocks resume after the invalid block at `bad`: right after it when its
+        header still tells its length, else at the first valid block found after it."""
+        header = parse_header(self.pread(HEADER.size + MAX_META, bad), 0, bad)
+        if header is not None and header.end < size and self.valid_block(header.end, size):
+            return header.end
+        return self.next_valid_block(bad)
 
     def append(self, at: int, parts: list[bytes | memoryview]) -> int:
         """Write `parts` at `at` (the valid end), make them durable, and return the new end.
 
-        Caller holds the lock. Bytes past `at` (a torn tail) are truncated first.
+        Caller holds the lock and has checked that bytes past `at` are a torn tail: they are
+        truncated first. On a full disk what was written is cut away again (`StoreFull`).
         """
-        if self.size() != at:
-            os.ftruncate(self.fd, at)
-        written = os.pwritev(self.fd, parts, at)
         expected = sum(len(p) for p in parts)
-        if written != expected:
-            msg = f"short write to {self.path}: {written} of {expected} bytes (disk full?)"
-            raise OSError(msg)
-        os.fdatasync(self.fd)
+        with out_of_space(self.path, undo=lambda: os.ftruncate(self.fd, at)):
+            if self.size() != at:
+                os.ftruncate(self.fd, at)
+            written = os.pwritev(self.fd, parts, at)
+            if written != expected:
+                msg = f"short write: {written} of {expected} bytes"
+                raise OSError(errno.ENOSPC, msg)
+            os.fdatasync(self.fd)
         return at + written
 
     def repair(self, valid_end: int) -> bool:

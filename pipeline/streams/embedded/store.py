@@ -17,16 +17,20 @@ from pipeline.streams.api import (
     DEFAULT_TXN_LEASE_SECONDS,
     Event,
     EventWriter,
+    Progress,
     ReaderGroup,
+    RepairReport,
     Retention,
     ScalingPolicy,
     SegmentInfo,
     StreamInfo,
     StreamStore,
     Transaction,
+    VerifyReport,
 )
 from pipeline.streams.cut import StreamCut, as_cut
-from pipeline.streams.embedded import scaling
+from pipeline.streams.embedded import integrity, rebuild, scaling
+from pipeline.streams.embedded.binding import next_stream_id
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.readers import EmbeddedReaderGroup
@@ -43,6 +47,9 @@ class EmbeddedStore(StreamStore):
     """A durable, crash-safe, multi-process stream store in a local directory."""
 
     def __init__(self, root: str | Path) -> None:
+        """Open (or create) the store in `root`. A catalog that is unreadable or does not match
+        the data does not fail here: every use raises the typed error (`CatalogDamaged`,
+        `CatalogMismatch`) and `verify`/`repair` work, so `repair` can rebuild it."""
         self.root = Path(root).expanduser().absolute()
         self.uri = f"embedded:{self.root}"
         try:
@@ -52,6 +59,25 @@ class EmbeddedStore(StreamStore):
 
     def close(self) -> None:
         self._engine.close()
+
+    # --- integrity ----------------------------------------------------------------------
+    def verify(self, stream: str | None = None, progress: Progress | None = None) -> VerifyReport:
+        """Check every block from each segment's head against its checksum and frames, the
+        index against the files, open transactions' bodies, the manifests and the catalog.
+        Changes nothing. Without a usable catalog: that problem, and the data files checked
+        through their manifests."""
+        if self._engine.problem is not None:
+            return rebuild.verify_data(self._engine, progress)
+        return integrity.verify(self._engine, stream, progress)
+
+    def repair(self, stream: str | None = None, progress: Progress | None = None) -> RepairReport:
+        """Fix what needs no guess and report the rest (see integrity.py). A lost, foreign or
+        damaged catalog is rebuilt from the data files, for the whole store; run it while no
+        other process uses the store."""
+        engine = self._engine
+        if engine.problem is not None or engine.catalog.query("PRAGMA quick_check") != [("ok",)]:
+            return rebuild.rebuild(engine, progress)
+        return integrity.repair(engine, stream, progress)
 
     # --- scopes and streams -------------------------------------------------------------
     def create_scope(self, scope: str) -> bool:
@@ -79,16 +105,18 @@ class EmbeddedStore(StreamStore):
                 "SELECT 1 FROM streams WHERE scope=? AND name=? AND deleted=0", (scope, name)
             ).fetchone():
                 return False
+            sid = next_stream_id(self.root, db)  # never an id whose directory exists
             db.execute(
-                "INSERT INTO streams(scope, name, created_ns, retention_bytes, retention_seconds)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (scope, name, now_ns(), retention.max_bytes, retention.max_age_seconds),
+                "INSERT INTO streams(id, scope, name, created_ns, retention_bytes,"
+                " retention_seconds) VALUES (?, ?, ?, ?, ?, ?)",
+                (sid, scope, name, now_ns(), retention.max_bytes, retention.max_age_seconds),
             )
-            sid = db.lastrowid
             db.executemany(
                 "INSERT INTO segments(stream_id, segment, key_lo, key_hi) VALUES (?, ?, ?, ?)",
                 [(sid, i, i / segments, (i + 1) / segments) for i in range(segments)],
             )
+        # after the commit: a crash before it leaves no directory that the catalog lacks
+        self._engine.sync_manifest(StreamRow(sid, scope, name))
         return True
 
     def list_streams(self, scope: str | None = None) -> list[str]:
@@ -110,7 +138,7 @@ class EmbeddedStore(StreamStore):
 
     def seal_stream(self, stream: str) -> None:
         row = self._engine.stream_row(stream)
-        with self._engine.catalog.write() as db:
+        with self._engine.changing(row) as db:
             db.execute("UPDATE streams SET sealed=1 WHERE id=?", (row.id,))
             db.execute("UPDATE segments SET sealed=1 WHERE stream_id=?", (row.id,))
 
@@ -119,7 +147,7 @@ class EmbeddedStore(StreamStore):
         row = engine.stream_row(stream)
         if not engine.is_sealed(row):
             raise StreamNotSealed(row.scope, row.name)
-        with engine.catalog.write() as db:
+        with engine.changing(row) as db:  # the manifest stays as a tombstone: ids never reused
             db.execute("UPDATE streams SET deleted=1 WHERE id=?", (row.id,))
             for table in ("segments", "segment_predecessors", "writers"):
                 db.execute(f"DELETE FROM {table} WHERE stream_id=?", (row.id,))
@@ -211,8 +239,8 @@ class EmbeddedStore(StreamStore):
     ) -> Iterator[Event]:
         engine = self._engine
         row = engine.stream_row(stream)
-        start = as_cut(start).check_stream(row.scope, row.name) if start else engine.head(row)
-        end = as_cut(end).check_stream(row.scope, row.name) if end else engine.tail(row)
+        start = engine.check_cut(row, start) if start else engine.head(row)
+        end = engine.check_cut(row, end) if end else engine.tail(row)
         # A segment a cut does not name was created after the cut (by scaling): everything in
         # it comes after that cut, so its position in that cut is its beginning.
         starts, ends = start.segments, end.segments
@@ -274,14 +302,10 @@ class EmbeddedStore(StreamStore):
         engine = self._engine
         cut = as_cut(cut)
         row = engine.stream_row(cut.stream)
-        tails = engine.tail(row).segments
+        cut = engine.check_cut(row, cut)
         for seg, off in cut.positions:
-            if seg not in tails:
-                raise InvalidCut(cut.text, f"{row.qualified} has no segment {seg}")
-            if off > tails[seg]:
-                raise InvalidCut(cut.text, f"offset {off} is past the tail of segment {seg}")
             engine.check_boundary(row, seg, off)
-        with engine.catalog.write() as db:
+        with engine.changing(row) as db:
             for seg, off in cut.positions:
                 db.execute(
                     "UPDATE segments SET head = MAX(head, ?) WHERE stream_id=? AND segment=?",

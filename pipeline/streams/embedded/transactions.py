@@ -11,19 +11,26 @@ next `commit()` on the same id, from any process. How each step is made durable:
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
-import zlib
 from collections import defaultdict
 from pathlib import Path
 
 from pipeline.durable import fsync_dir
 from pipeline.streams.api import Transaction, TxnState
-from pipeline.streams.embedded.blocks import encode_header, iter_frames, parse_header
+from pipeline.streams.embedded.blocks import (
+    BadBlock,
+    crc32,
+    encode_header,
+    iter_frames,
+    parse_header,
+)
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow, encode
 from pipeline.streams.embedded.routing import route
-from pipeline.streams.errors import TxnFailed, TxnNotFound
+from pipeline.streams.embedded.space import out_of_space
+from pipeline.streams.errors import SegmentDamaged, TxnFailed, TxnNotFound
 
 BODY_READ_CHUNK = 64 << 20
 
@@ -112,17 +119,20 @@ class EmbeddedTransaction(Transaction):
         body_len, events, crc = found or (0, 0, 0)
         path = self._body_path(segment)
         new_file = not path.exists()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            data = b"".join(frames)
-            os.pwrite(fd, data, body_len)  # over anything a crash left past the recorded length
-            os.ftruncate(fd, body_len + len(data))
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        if new_file:
-            fsync_dir(self._dir)
-        return segment, body_len + len(data), events + len(frames), zlib.crc32(data, crc)
+        data = b"".join(frames)
+        with out_of_space(path):  # the recorded length is the truth: nothing past it counts
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                written = os.pwrite(fd, data, body_len)  # over whatever a crash left there
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, f"short write: {written} of {len(data)} bytes")
+                os.ftruncate(fd, body_len + len(data))
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            if new_file:
+                fsync_dir(self._dir)
+        return segment, body_len + len(data), events + len(frames), crc32(data, crc)
 
     def _record(self, rows: list[tuple[int, int, int, int]], drop: tuple[int, ...] = ()) -> None:
         with self.engine.catalog.write() as db:
@@ -153,8 +163,12 @@ class EmbeddedTransaction(Transaction):
         moved: dict[int, list[bytes]] = defaultdict(list)
         for segment, body_len in sealed:
             body = b"".join(self._body(segment, body_len))
-            for key, frame in iter_frames(body):
-                moved[route(self._active, key)].append(frame)
+            try:
+                for key, frame in iter_frames(body):
+                    moved[route(self._active, key)].append(frame)
+            except BadBlock as bad:
+                msg = f"its flushed events for segment {segment} are damaged ({bad.problem})"
+                raise TxnFailed(self.txn_id, "open", msg) from None
         self._record(
             [self._write_body(s, frames) for s, frames in sorted(moved.items())],
             drop=tuple(s for s, _ in sealed),
@@ -190,6 +204,13 @@ class EmbeddedTransaction(Transaction):
             ).fetchone()[0]
             if sealed:
                 return False
+            damaged = db.execute(
+                "SELECT d.segment, d.offset, d.problem FROM txn_segments ts JOIN damage d"
+                " ON d.stream_id=? AND d.segment=ts.segment WHERE ts.txn_id=? LIMIT 1",
+                (self.row.id, self.txn_id),
+            ).fetchone()
+            if damaged:  # refused while still open: it commits once `repair` has run
+                raise SegmentDamaged(self.row.qualified, *damaged)
             db.execute(
                 "UPDATE txns SET state='committing', ingest_ns=?, t_min=?, t_max=?"
                 " WHERE txn_id=? AND state='open'",
@@ -216,7 +237,7 @@ class EmbeddedTransaction(Transaction):
                 time_bounds=bounds,
                 meta=b"t" + self.txn_id.encode(),
             )
-            self._land(segment, header, body_len, appended_at)
+            self._land(segment, header, (body_len, crc), appended_at)
         with self.engine.catalog.write() as db:
             db.execute(
                 "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?",
@@ -224,8 +245,12 @@ class EmbeddedTransaction(Transaction):
             )
         self._remove_bodies()
 
-    def _land(self, segment: int, header: bytes, body_len: int, appended_at: int | None) -> None:
-        """Append this transaction's block to one segment unless an earlier try already did."""
+    def _land(
+        self, segment: int, header: bytes, body: tuple[int, int], appended_at: int | None
+    ) -> None:
+        """Append this transaction's block to one segment unless an earlier try already did;
+        `body` is the recorded (length, CRC) of its flushed events."""
+        body_len, body_crc = body
         segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
             at = self.engine.catch_up(self.row, segment)
@@ -237,7 +262,14 @@ class EmbeddedTransaction(Transaction):
                     "UPDATE txn_segments SET appended_at=? WHERE txn_id=? AND segment=?",
                     (at, self.txn_id, segment),
                 )
-            self.engine.append_block(self.row, segment, header, self._body(segment, body_len))
+            chunks = self._body(segment, body_len)
+            found = 0
+            for chunk in chunks:
+                found = crc32(chunk, found)
+            if found != body_crc:  # never land a block that would fail its own checksum
+                msg = f"its flushed events for segment {segment} are damaged (checksum mismatch)"
+                raise TxnFailed(self.txn_id, "committing", msg)
+            self.engine.append_block(self.row, segment, header, chunks)
         self._mark_done(segment)
 
     def _block_is_mine(self, segment: int, offset: int) -> bool:

@@ -4,19 +4,21 @@ Delivery: `flush()` returns once the events are fsynced (durable). Without a wri
 resend after a lost acknowledgement duplicates (at-least-once). With a writer id each event has
 an event number; each flushed block records the writer and its highest number, and the store
 drops events whose number it has already stored for that writer in that segment, so a resend
-is a no-op (exactly-once for a writer that resends with the same id and numbers).
+is a no-op (exactly-once for a writer that resends with the same id and numbers). Event numbers
+run from 1 to 2^63-1; anything else is refused (`InvalidEventNumber`). A flush refused (a full
+disk, a damaged segment) keeps its events buffered: flushing again later resends them.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 
 from pipeline.streams.api import EventWriter
-from pipeline.streams.embedded.blocks import encode_header
+from pipeline.streams.embedded.blocks import crc32, encode_header
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow, encode
 from pipeline.streams.embedded.routing import route
+from pipeline.streams.errors import MAX_EVENT_NUMBER, InvalidEventNumber
 
 WRITER_AUTOFLUSH_BYTES = 8 << 20
 Pending = tuple[int, str | None, bytes]  # event number, routing key, encoded frame
@@ -60,6 +62,9 @@ class EmbeddedWriter(EventWriter):
         elif self.writer_id is None:
             msg = "event numbers need a writer id: open the writer with writer_id=..."
             raise ValueError(msg)
+        valid = isinstance(event_number, int) and not isinstance(event_number, bool)
+        if not valid or not 1 <= event_number <= MAX_EVENT_NUMBER:
+            raise InvalidEventNumber(self.writer_id or "(no id)", event_number)
         self._last = max(self._last, event_number)
         self._pending[segment].append((event_number, routing_key, frame))
         self._pending_bytes += len(frame)
@@ -72,7 +77,8 @@ class EmbeddedWriter(EventWriter):
         self.engine.check_writable(self.row)
         while self._pending:
             segment = min(self._pending)
-            moved = self._flush_segment(segment, self._pending.pop(segment))
+            moved = self._flush_segment(segment, self._pending[segment])
+            del self._pending[segment]
             if moved:  # the segment was sealed by a scale: its successors take the events
                 self._active = self.engine.segments(self.row, active_only=True)
                 if not self._active:
@@ -99,7 +105,7 @@ class EmbeddedWriter(EventWriter):
             frames = [f for _, _, f in events]
             crc = 0
             for f in frames:
-                crc = zlib.crc32(f, crc)
+                crc = crc32(f, crc)
             header = encode_header(
                 body_crc=crc,
                 body_len=sum(len(f) for f in frames),

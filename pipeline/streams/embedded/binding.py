@@ -1,0 +1,164 @@
+"""Binding the catalog to the data beside it: the store id, stream ids, and stream manifests.
+
+On open, a catalog that does not describe the data under `data/` (new or emptied over existing
+streams, another store's, or an older copy missing streams) is refused with `CatalogMismatch`;
+nothing is changed, and `repair` rebuilds it from the manifests and segment files. Stream ids
+are allocated above every id the catalog or the disk has used, so a stream never meets
+another's files. A version-1 catalog (no store id) is adopted: it gets an id and manifests.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.streams.embedded.catalog import FORMAT_VERSION, Catalog
+from pipeline.streams.embedded.manifest import (
+    SegmentEntry,
+    StreamManifest,
+    read_manifest,
+    read_store_id,
+    stream_ids_on_disk,
+    write_manifest,
+    write_store_id,
+)
+from pipeline.streams.errors import CatalogMismatch
+
+#: (segment, head) -> where the block holding `head` starts
+HeadBlock = Callable[[int, int], int]
+
+
+def bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) -> str:
+    """The store id, once the catalog is known to describe the data; else `CatalogMismatch`.
+
+    `head_block(stream_id)` gives the head-block function of one stream (for manifests
+    written when a version-1 catalog is adopted).
+    """
+    on_disk = stream_ids_on_disk(root)  # before the catalog is read: see `_unknown_streams`
+    file_id = read_store_id(root)
+    version, store_id = catalog.identity()
+    if version is None or store_id is None:
+        with catalog.write(unchecked=True) as db:
+            store_id = _initialise(
+                root, catalog, db, file_id=file_id, on_disk=on_disk, head_block=head_block
+            )
+    path = str(catalog.path)
+    if file_id is None:
+        write_store_id(root, store_id)  # the file alone was lost: the catalog knows the id
+    elif file_id != store_id:
+        reason = f"the catalog belongs to store {store_id}, the data files to store {file_id}"
+        raise CatalogMismatch(path, reason)
+    unknown = _unknown_streams(root, catalog, on_disk, store_id)
+    if unknown:
+        reason = (
+            f"the data files hold streams the catalog does not know ({', '.join(unknown)}):"
+            " the catalog is older than the data"
+        )
+        raise CatalogMismatch(path, reason)
+    return store_id
+
+
+def _initialise(
+    root: Path,
+    catalog: Catalog,
+    db: sqlite3.Cursor,
+    *,
+    file_id: str | None,
+    on_disk: list[int],
+    head_block: Callable[[int], HeadBlock],
+) -> str:
+    """Give a new store its id, or adopt a version-1 catalog; inside a catalog transaction,
+    so that only one process does it."""
+    rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    version, store_id = rows.get("format_version"), rows.get("store_id")
+    if version is not None and store_id is not None:
+        return store_id  # another process got here first
+    path = str(catalog.path)
+    if version is None and (file_id is not None or on_disk):
+        reason = f"it is new or empty, but data/ holds the directories of {len(on_disk)} streams"
+        raise CatalogMismatch(path, reason)
+    if version is not None and file_id is not None:
+        raise CatalogMismatch(path, "it is a version-1 catalog, older than the data beside it")
+    store_id = uuid.uuid4().hex
+    write_store_id(root, store_id)
+    if version is not None:  # adopt: every stream gets its manifest now
+        for (stream_id,) in db.execute("SELECT id FROM streams").fetchall():
+            write_manifest(root, manifest_of(db, store_id, stream_id, head_block(stream_id)))
+    db.executemany(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+        [("format_version", FORMAT_VERSION), ("store_id", store_id)],
+    )
+    return store_id
+
+
+def _unknown_streams(root: Path, catalog: Catalog, on_disk: list[int], store_id: str) -> list[str]:
+    """Live streams of this store under `data/` above every id the catalog knows.
+
+    The directories are listed before the catalog is read: a stream created in between is
+    committed (and so known) before its directory exists.
+    """
+    known = catalog.query_one("SELECT MAX(id) FROM streams", unchecked=True)[0] or 0
+    unknown = []
+    for stream_id in (i for i in on_disk if i > known):
+        try:
+            manifest = read_manifest(root, stream_id)
+        except ValueError:
+            manifest = None
+        if manifest is None:
+            unknown.append(f"data/{stream_id}")
+        elif manifest.store_id == store_id and not manifest.deleted:
+            unknown.append(manifest.qualified)
+    return unknown
+
+
+def next_stream_id(root: Path, db: sqlite3.Cursor) -> int:
+    """An id above every stream id the catalog or the disk has ever used."""
+    known = db.execute("SELECT MAX(id) FROM streams").fetchone()[0] or 0
+    sequence = db.execute("SELECT seq FROM sqlite_sequence WHERE name='streams'").fetchone()
+    return max(known, sequence[0] if sequence else 0, *stream_ids_on_disk(root), 0) + 1
+
+
+def manifest_of(
+    db: sqlite3.Cursor | sqlite3.Connection, store_id: str, stream_id: int, head_block: HeadBlock
+) -> StreamManifest:
+    """A stream's manifest as the catalog (this transaction's view of it) describes it."""
+    scope, name, created, sealed, deleted, max_bytes, max_age = db.execute(
+        "SELECT scope, name, created_ns, sealed, deleted, retention_bytes, retention_seconds"
+        " FROM streams WHERE id=?",
+        (stream_id,),
+    ).fetchone()
+    preds: dict[int, list[int]] = {}
+    for seg, pred in db.execute(
+        "SELECT segment, predecessor FROM segment_predecessors WHERE stream_id=?", (stream_id,)
+    ):
+        preds.setdefault(seg, []).append(pred)
+    segments = tuple(
+        SegmentEntry(
+            seg,
+            lo,
+            hi,
+            bool(seg_sealed),
+            head,
+            head_block(seg, head),
+            tuple(sorted(preds.get(seg, []))),
+        )
+        for seg, lo, hi, seg_sealed, head in db.execute(
+            "SELECT segment, key_lo, key_hi, sealed, head FROM segments WHERE stream_id=?"
+            " ORDER BY segment",
+            (stream_id,),
+        ).fetchall()
+    )
+    return StreamManifest(
+        store_id=store_id,
+        stream_id=stream_id,
+        scope=scope,
+        name=name,
+        created_ns=created,
+        sealed=bool(sealed),
+        deleted=bool(deleted),
+        retention_bytes=max_bytes,
+        retention_seconds=max_age,
+        segments=segments,
+    )

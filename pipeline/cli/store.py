@@ -62,6 +62,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     stream_action(sub, "delete", "delete a sealed stream", cmd_delete)
 
+    p = sub.add_parser(
+        "verify",
+        help="check every block's checksum, the index, transactions and the catalog; exit 1 "
+        "with one line per problem",
+    )
+    p.add_argument("stream", nargs="?", metavar="SCOPE/STREAM", help="default: every stream")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
+        "repair",
+        help="fix what needs no guess (index, catalog, torn tails) and list what it could not "
+        "fix; run it while no other process uses the store",
+    )
+    p.add_argument("stream", nargs="?", metavar="SCOPE/STREAM", help="default: every stream")
+    p.set_defaults(func=cmd_repair)
+
 
 def stream_action(
     sub: argparse._SubParsersAction, name: str, help_text: str, func: Callable
@@ -175,3 +191,62 @@ def cmd_delete(args: argparse.Namespace) -> int:
         store.delete_stream(args.stream)
     print(f"deleted {args.stream}")
     return 0
+
+
+class ProgressLine:
+    """Progress of a scan on standard error: a line rewritten in place on a terminal, a plain
+    line every tenth of the way otherwise; nothing on standard output, which scripts parse."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.tty, self.shown = what, sys.stderr.isatty(), -1
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = 10 * done // total if total else 10
+        if self.tty:
+            percent = 100 * done // total if total else 100
+            print(f"\r{self.what}: {percent}% of {total:,} bytes", end="", file=sys.stderr)
+        elif tenth > self.shown:
+            print(f"{self.what}: {done:,} of {total:,} bytes", file=sys.stderr)
+        self.shown = tenth
+
+    def close(self) -> None:
+        if self.tty and self.shown >= 0:
+            print(file=sys.stderr)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    progress = ProgressLine("verify")
+    with open_store(args.store) as store:
+        report = store.verify(args.stream, progress)
+    progress.close()
+    for problem in report.problems:
+        print(problem)
+    checked = (
+        f"{report.streams} streams, {report.segments} segments, {report.blocks} blocks, "
+        f"{report.bytes:,} bytes"
+    )
+    if report.ok:
+        print(f"intact: {checked}")
+        return 0
+    print(
+        f"{len(report.problems)} problems in {checked}: `sluice store repair` fixes what can "
+        "be fixed without guessing and lists the rest",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    progress = ProgressLine("repair")
+    with open_store(args.store) as store:
+        report = store.repair(args.stream, progress)
+    progress.close()
+    for problem in report.fixed:
+        print(f"fixed: {problem}")
+    for problem in report.unfixed:
+        print(f"not fixed: {problem}")
+    if report.ok:
+        print(f"repaired: {len(report.fixed)} fixed, nothing left")
+        return 0
+    print(f"{len(report.unfixed)} problems left that need a person", file=sys.stderr)
+    return 1

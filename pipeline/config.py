@@ -105,8 +105,8 @@ def config_path() -> Path:
 def load_config(path: Path | None = None) -> dict:
     """The parsed `sluice.toml`; an empty table when there is none in the working directory.
 
-    A file named by `$SLUICE_CONFIG` (or by `path`) must exist, and a syntax error names the
-    file and the line."""
+    A file named by `$SLUICE_CONFIG` (or by `path`) must exist (`SLUICE_CONFIG=/dev/null`
+    runs without one), and a syntax error names the file and the line."""
     named = path is not None or bool(os.environ.get("SLUICE_CONFIG"))
     path = path or config_path()
     try:
@@ -115,7 +115,10 @@ def load_config(path: Path | None = None) -> dict:
     except FileNotFoundError:
         if not named:
             return {}
-        problem = "no such configuration file: fix SLUICE_CONFIG, or unset it to use ./sluice.toml"
+        problem = (
+            "no such configuration file: fix SLUICE_CONFIG (unset: ./sluice.toml; /dev/null: "
+            "no configuration)"
+        )
         raise ConfigFileError(path, problem) from None
     except IsADirectoryError:
         raise ConfigFileError(path, "is a directory, not a configuration file") from None

@@ -204,14 +204,6 @@ class Instance:
     def sender_running(self) -> bool:
         return bool(self._threads) and self._threads[0].is_alive()
 
-    def join_driver(self, timeout: float | None = None) -> None:
-        if len(self._threads) == 2:
-            self._threads[1].join(timeout)
-
-    def join_sender(self, timeout: float | None = None) -> None:
-        if self._threads:
-            self._threads[0].join(timeout)
-
     def buffered(self) -> int:
         """Events still held in the buffer."""
         return self._buffers[0].depth() if self._buffers else 0

@@ -113,7 +113,8 @@ def _health(running: bool, meta: dict[str, str], now_ns: int, limit: float) -> d
         last_stop = meta.get("last_stop")
         stopped_at, started_at = _int(meta.get("last_stop_ns")), _int(meta.get("started_ns"))
         if state != "stopped" or not last_stop or stopped_at < started_at:
-            last_stop = f"ended without a clean stop (a crash, a kill or a power cut) while {state}"
+            doing = state or "starting"
+            last_stop = f"ended without a clean stop (a crash, a kill or a power cut) while {doing}"
         return {
             "healthy": False,
             "problems": problems,

@@ -116,6 +116,7 @@ class MqttDriver:
         # the buffer connection): (connected, detail, failures so far).
         self._link: tuple[bool, str, int] | None = None
         self._failures = 0
+        self._why = "no answer"  # why the last connect failed (paho's callback does not say)
 
     def run(self, ctx: DriverContext) -> None:
         if self.options.qos == 2:
@@ -149,7 +150,6 @@ class MqttDriver:
         client.on_connect_fail = lambda _c, _u: self._down(f"cannot connect: {self._why}")
         client.on_disconnect = lambda _c, _u, _f, code, _p: self._on_disconnect(code)
         client.on_message = lambda _c, _u, message: self._on_message(message)
-        self._why = "no answer"
         connect = client.reconnect
 
         def reconnect() -> Any:  # paho's loop reports a failed connect without its reason

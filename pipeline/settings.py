@@ -13,6 +13,7 @@ gives for a store (`--store cloud`, a name here, or a URI) into a URI, in one pl
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from typing import Any
 import msgspec
 
 from pipeline.config import (
+    VARIABLES,
     EnvironmentVariableError,
     StoreUriError,
     checked_store_uri,
@@ -229,27 +231,34 @@ def load_settings(
 def check_environment(environ: Mapping[str, str]) -> None:
     """Refuse `SLUICE_*` variables Sluice does not read (a typo would silently not apply),
     and store URIs that are not store URIs, naming the variable."""
-    unknown = unknown_variables(environ)
-    for table, kind in _OVERRIDABLE_TABLES.items():
-        prefix = f"SLUICE_{table.upper()}_"
-        keys = {f"{prefix}{f.name.upper()}" for f in msgspec.structs.fields(kind)}
-        unknown += sorted(n for n in environ if n.startswith(prefix) and n not in keys)
-    if unknown:
-        known = ", ".join(sorted(keys_of_overridable_tables()))
-        hint = f"check its spelling (Sluice reads {known}, and those listed in pipeline/config.py)"
-        raise EnvironmentVariableError(unknown[0], "is not a variable Sluice reads", hint)
+    tables = {f"SLUICE_{t.upper()}_": kind for t, kind in _OVERRIDABLE_TABLES.items()}
+    readable = set(VARIABLES) - set(tables) | set(_table_variables())
+    for name in sorted(environ):
+        prefix = next((p for p in tables if name.startswith(p)), None)
+        if prefix is not None and name not in _table_variables():
+            keys = ", ".join(_table_variables(prefix))
+            hint = f"check its spelling: the keys of this table are {keys}"
+        elif prefix is None and name in unknown_variables({name: ""}):
+            close = difflib.get_close_matches(name, sorted(readable), n=1, cutoff=0.85)
+            hint = f"did you mean {close[0]}?" if close else "check its spelling"
+            hint += " (every variable Sluice reads: pipeline/config.py)"
+        else:
+            continue
+        raise EnvironmentVariableError(name, "is not a variable Sluice reads", hint)
     for variable in sorted(environ):
         if variable == "SLUICE_STORE" or variable.startswith("SLUICE_STORE_"):
             if environ[variable]:
                 checked_store_uri(environ[variable], variable)
 
 
-def keys_of_overridable_tables() -> list[str]:
-    return [
+def _table_variables(prefix: str = "SLUICE_") -> list[str]:
+    """`SLUICE_<TABLE>_<KEY>` of every key of the overridable tables (starting with `prefix`)."""
+    names = [
         f"SLUICE_{table.upper()}_{f.name.upper()}"
         for table, kind in _OVERRIDABLE_TABLES.items()
         for f in msgspec.structs.fields(kind)
     ]
+    return [n for n in names if n.startswith(prefix)]
 
 
 def store_uri(

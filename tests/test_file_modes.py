@@ -4,30 +4,21 @@
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.collectors.conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {"": (0o600, 0o700), "1": (0o640, 0o750)}
 
 
-def sluice(*args: str, group_read: str, cwd: Path) -> None:
-    env = {**os.environ, "SLUICE_GROUP_READ": group_read, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
+def sluice(*args: str, group_read: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"SLUICE_GROUP_READ": group_read, "PYTHONPATH": str(REPO)}
+    return run_cli(*args, env=env, cwd=cwd)
 
 
 def modes_under(root: Path) -> set[tuple[str, int]]:
@@ -58,18 +49,17 @@ def test_the_stream_store_written_by_the_command_follows_the_setting(tmp_path, g
 def test_a_join_output_follows_the_setting(tmp_path, group_read):
     (tmp_path / "l.csv").write_text("time,a\n1,2\n")
     (tmp_path / "r.csv").write_text("time,b\n1,3\n")
-    sluice("join", "l.csv", "r.csv", "-o", "out/pairs.parquet", group_read=group_read, cwd=tmp_path)
+    joined = sluice(
+        "join", "l.csv", "r.csv", "-o", "out/pairs.parquet", group_read=group_read, cwd=tmp_path
+    )
+    assert joined.returncode == 0, joined.stderr
     file_mode, dir_mode = MODES[group_read]
     assert stat.S_IMODE((tmp_path / "out" / "pairs.parquet").stat().st_mode) == file_mode
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == dir_mode
 
 
 def test_an_unreadable_setting_is_an_error_naming_it(tmp_path):
-    env = {**os.environ, "SLUICE_GROUP_READ": "maybe", "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "store", "list"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+    result = sluice("store", "list", group_read="maybe", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr == (
         "sluice: error: environment variable SLUICE_GROUP_READ: 'maybe' is not true or false; "

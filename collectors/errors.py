@@ -69,3 +69,29 @@ class DriverError(CollectorError):
         self.instance, self.driver, self.problem = instance, driver, problem
         msg = f"instance {instance} ({driver}): {problem}"
         super().__init__(msg)
+
+
+class BufferUnusable(CollectorError):
+    """The buffer file cannot be opened as a collector buffer: its directory is missing, or
+    it is not a SQLite database (or is another program's)."""
+
+    def __init__(self, path: Path, problem: str, hint: str) -> None:
+        self.path, self.problem, self.hint = path, problem, hint
+        msg = f"buffer {path}: {problem}; {hint}"
+        super().__init__(msg)
+
+
+class BufferOwned(CollectorError):
+    """The buffer file belongs to another instance, or holds events for another stream."""
+
+    def __init__(
+        self, path: Path, owner: str, owner_stream: str, instance: str, stream: str
+    ) -> None:
+        self.path, self.owner, self.owner_stream = path, owner, owner_stream
+        self.instance, self.stream = instance, stream
+        msg = (
+            f"instance {instance} (stream {stream}): buffer {path} belongs to instance "
+            f"{owner} (stream {owner_stream}) and still holds its data; run that instance "
+            "until it has sent its buffer, or give this one its own buffer_file"
+        )
+        super().__init__(msg)

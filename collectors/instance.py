@@ -6,6 +6,11 @@ the buffer file and a condition that wakes the sender when data arrives and a bl
 when room is made. An exclusive lock on `<buffer>.lock` refuses a second process on the same
 buffer (two senders could send a batch twice). A driver that raises is logged, recorded for
 `sluice collect status` and restarted with backoff: one bad read never stops the service.
+
+A buffer records the instance and stream it belongs to (`meta`), and another instance, or
+this one pointed at another stream while the buffer still holds data, is refused
+(`BufferOwned`): its events would be committed to the wrong stream. A driver that reports
+its source's connection (`set_connected`) has it recorded for `sluice collect status`.
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
 from collectors.buffer.schema import CursorState, PendingEvent
 from collectors.drivers.base import Driver
-from collectors.errors import BufferLocked
+from collectors.errors import BufferLocked, BufferOwned, BufferUnusable
 from collectors.failpoints import Failpoints
 from collectors.sender import Sender
 from collectors.settings import InstanceSettings
+from pipeline.config import FileModes
 from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)
@@ -46,6 +53,7 @@ class InstanceContext:
         self.failpoints = failpoints
         self.log = logging.getLogger(f"collectors.{settings.driver}.{settings.name}")
         self._last_error: dict[str, float] = {}
+        self._connected: bool | None = None
 
     @property
     def running(self) -> bool:
@@ -78,6 +86,24 @@ class InstanceContext:
         self.log.error("%s: %s", source, message)
         self.buffer.record_error(f"{self.settings.driver}.{source}", message)
 
+    def set_connected(self, connected: bool, detail: str = "") -> None:
+        """Record whether the driver reaches its source (kept in the buffer's meta, shown by
+        `sluice collect status`); written only when it changes."""
+        if connected is self._connected:
+            return
+        if connected:
+            self.log.info("connected: %s", detail)
+        elif self._connected:
+            self.log.warning("disconnected: %s", detail)
+        self._connected = connected
+        self.buffer.set_meta(
+            {
+                "driver_connected": "1" if connected else "0",
+                "driver_detail": detail,
+                "driver_since_ns": str(time.time_ns()),
+            }
+        )
+
 
 class Instance:
     """A driver and a sender around one buffer, started and stopped together."""
@@ -88,11 +114,13 @@ class Instance:
         driver: Driver,
         failpoints: Failpoints,
         store_opener: Callable[[str], StreamStore] = open_store,
+        file_modes: FileModes | None = None,
     ) -> None:
         self.settings = settings
         self.driver = driver
         self.failpoints = failpoints
         self.store_opener = store_opener
+        self.file_modes = file_modes or FileModes()
         self.stop = threading.Event()  # drivers stop sampling
         self.drain = threading.Event()  # the sender stops once the buffer is empty
         self.halt = threading.Event()  # the sender stops now
@@ -101,7 +129,15 @@ class Instance:
         self._buffers: list[Buffer] = []
 
     def start(self) -> None:
-        self._lock_fd = _lock(self.settings)
+        """Lock and open the buffer, check that it is this instance's, start both threads."""
+        self._lock_fd = _lock(self.settings, self.file_modes.file)
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
         room = threading.Condition()
         turns = WriteTurns()
         settings = self.settings
@@ -114,11 +150,13 @@ class Instance:
                 room=room,
                 failpoints=self.failpoints,
                 turns=turns,
+                file_mode=self.file_modes.file,
             )
             self._buffers.append(buffer)
             return buffer
 
         ctx = InstanceContext(settings, open_buffer(), self.stop, self.failpoints)
+        _claim(ctx.buffer, settings)
         sender = Sender(settings, open_buffer(), self.failpoints, self.store_opener)
         self._threads = [
             threading.Thread(
@@ -166,17 +204,14 @@ class Instance:
     def sender_running(self) -> bool:
         return bool(self._threads) and self._threads[0].is_alive()
 
-    def join_driver(self, timeout: float | None = None) -> None:
-        if len(self._threads) == 2:
-            self._threads[1].join(timeout)
-
-    def join_sender(self, timeout: float | None = None) -> None:
-        if self._threads:
-            self._threads[0].join(timeout)
-
     def buffered(self) -> int:
         """Events still held in the buffer."""
         return self._buffers[0].depth() if self._buffers else 0
+
+    def record_stop(self, note: str) -> None:
+        """Keep how the last run ended for `sluice collect status` (threads have ended)."""
+        if self._buffers:
+            self._buffers[0].set_meta({"last_stop": note, "last_stop_ns": str(time.time_ns())})
 
     def close(self) -> None:
         """Close the buffers and release the lock (after both threads have ended)."""
@@ -188,10 +223,55 @@ class Instance:
             self._lock_fd = None
 
 
-def _lock(settings: InstanceSettings) -> int:
+def prepare_directory(settings: InstanceSettings, state_dir: Path, modes: FileModes) -> None:
+    """Create the state directory (owner-only unless group read is set); a `buffer_file`
+    elsewhere must be in a directory that exists (a missing one is often a missing mount)."""
+    directory = settings.buffer_file.parent
+    if directory.is_dir():
+        return
+    if directory != state_dir:
+        problem = f"its directory {directory} does not exist"
+        hint = "create it, or fix buffer_file (only state_dir is created by the collector)"
+        raise BufferUnusable(settings.buffer_file, problem, hint)
+    try:
+        directory.mkdir(mode=modes.directory, parents=True, exist_ok=True)
+    except OSError as exc:
+        problem = f"its directory {directory} cannot be created ({exc.strerror or exc})"
+        raise BufferUnusable(settings.buffer_file, problem, "check state_dir") from None
+    if not directory.is_dir():
+        problem = f"state_dir {directory} is not a directory"
+        raise BufferUnusable(settings.buffer_file, problem, "check state_dir")
+
+
+def _claim(buffer: Buffer, settings: InstanceSettings) -> None:
+    """Record this instance and stream in the buffer, unless it holds another's data."""
+    meta = buffer.meta()
+    owner, owner_stream = meta.get("instance"), meta.get("stream")
+    other = owner is not None and (owner, owner_stream) != (settings.name, settings.stream)
+    if other and (owner != settings.name or buffer.depth() or buffer.ledger.txns()):
+        path = settings.buffer_file
+        raise BufferOwned(path, owner, owner_stream or "?", settings.name, settings.stream)
+    if other:
+        log.warning(
+            "%s: buffer %s was instance %s's for stream %s; it is empty: now %s's",
+            settings.name,
+            settings.buffer_file,
+            owner,
+            owner_stream,
+            settings.stream,
+        )
+    identity = {"instance": settings.name, "stream": settings.stream, "store": settings.store}
+    buffer.set_meta({**identity, "driver_connected": "", "driver_detail": ""})
+
+
+def _lock(settings: InstanceSettings, file_mode: int) -> int:
     path = settings.buffer_file.with_name(settings.buffer_file.name + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode)
+    except OSError as exc:
+        problem = f"its lock file {path} cannot be created ({exc.strerror or exc})"
+        raise BufferUnusable(settings.buffer_file, problem, "check buffer_file") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

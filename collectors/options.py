@@ -57,11 +57,14 @@ class OptionsReader:
             self.fail(key, "is required but not set")
         return default
 
-    def fail(self, key: str, problem: str, hint: str = "") -> NoReturn:
-        """Raise `ConfigError` about `key` (named as the user wrote it)."""
+    def fail(self, key: str, problem: str, hint: str = "", show_value: bool = True) -> NoReturn:
+        """Raise `ConfigError` about `key` (named as the user wrote it; its value too, unless
+        `show_value` is false: a secret is never printed)."""
         setting = self._table.get(key)
-        if setting is not None:
+        if setting is not None and show_value:
             problem = f"{setting.origin} = {setting.value!r} {problem}"
+        elif setting is not None:
+            problem = f"{setting.origin} {problem}"
         else:
             problem = f"{self._names.get(key, key)} {problem}"
         raise ConfigError(self.where, problem, hint)
@@ -73,6 +76,17 @@ class OptionsReader:
         if not isinstance(value, str) or (not value.strip() and default is _MISSING):
             self.fail(key, "must be a non-empty text")
         return value.strip()
+
+    def secret(self, key: str, default: Any = _MISSING) -> str:
+        """A text that is never shown: a wrong value is reported by its key and type only."""
+        value = self._get(key, default)
+        if value is None:
+            return value
+        if not isinstance(value, str) or not value:
+            kind = type(value).__name__
+            problem = f"must be a non-empty text (a {kind} was given; the value is not shown)"
+            self.fail(key, problem, "quote it in the TOML file", show_value=False)
+        return value
 
     def integer(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> int:
         value = self._get(key, default)

@@ -52,6 +52,7 @@ class Sender:
         self._last_error_time = 0.0
         self._last_heartbeat = 0.0
         self._last_send = 0.0
+        self._failing_since_ns = 0
 
     def run(self, drain: threading.Event, halt: threading.Event) -> None:
         """Send until `halt` is set, or until `drain` is set and the buffer is empty."""
@@ -130,6 +131,7 @@ class Sender:
 
     def _failed(self, exc: Exception) -> None:
         self._close_store()
+        self._failing_since_ns = self._failing_since_ns or time.time_ns()
         self._delay = min(BACKOFF_MAX, max(BACKOFF_START, self._delay * 2))
         self._delay *= random.uniform(0.8, 1.0)
         message = f"{type(exc).__name__}: {exc}"
@@ -160,6 +162,8 @@ class Sender:
             log.info("%s: sending again after a failure", self.settings.name)
             self._delay = 0.0
             self._last_error = ""
+            self._failing_since_ns = 0
+            self._heartbeat(force=True)
 
     def _heartbeat(self, force: bool = False, state: str = "sending") -> None:
         now = time.monotonic()
@@ -171,6 +175,7 @@ class Sender:
                 {
                     "heartbeat_ns": str(time.time_ns()),
                     "sender_state": state,
+                    "sender_failing_since_ns": str(self._failing_since_ns or ""),
                     "pid": str(os.getpid()),
                 }
             )

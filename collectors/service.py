@@ -1,10 +1,17 @@
-"""`sluice collect`: run every configured instance until SIGTERM/SIGINT, then drain and exit.
+"""`sluice collect`: run every configured instance until a stop signal, then drain and exit.
 
-Start-up checks the settings and each driver's outside world (interface, device, directories,
-broker) before anything starts: a problem is one `SluiceError` line, and nothing is sampled.
-Shutdown: drivers stop and hand their partial batches to the buffer; senders send what is
-buffered for up to `drain_timeout_seconds`; what is left stays in the buffer, safe, and is
-sent at the next start. The service also ends, after draining, when every driver has finished
+Start-up checks the settings, each driver's outside world (interface, device, directories,
+broker) and each buffer (its directory, that it is a collector buffer and this instance's)
+before anything starts: a problem is one `SluiceError` line, and nothing is sampled.
+
+Shutdown, on SIGTERM, SIGINT or SIGHUP alike: drivers stop and hand their partial batches to
+the buffer; senders send what is buffered; what is left stays in the buffer, safe, and is
+sent at the next start. All of it ends within `drain_timeout_seconds` whatever the drivers
+are doing (a driver that does not stop in time is left behind: its buffer commits are
+atomic, so this is as safe as a crash). A second signal ends the drain at once. SIGHUP does
+not reload the configuration: it stops like SIGTERM, and the supervisor (systemd's
+`Restart=always`, Docker's restart policy) starts the collector again, which reads its
+configuration anew. The service also ends, after draining, when every driver has finished
 on its own (a generator with `max_samples`).
 """
 
@@ -19,11 +26,16 @@ from collections.abc import Callable
 from collectors.drivers.base import Driver
 from collectors.drivers.registry import find_spec
 from collectors.failpoints import Failpoints
-from collectors.instance import Instance
+from collectors.instance import Instance, prepare_directory
 from collectors.settings import CollectorSettings, InstanceSettings
 from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Part of the drain time kept for senders to finish the batch in flight once told to halt.
+_HALT_GRACE_MAX = 5.0
+_POLL = 0.05
 
 
 def create_driver(settings: InstanceSettings) -> Driver:
@@ -33,50 +45,88 @@ def create_driver(settings: InstanceSettings) -> Driver:
     return found[0].load().create(settings)
 
 
+class StopRequest:
+    """What the stop signals asked for: the first one stops (`stop`), a second one ends the
+    drain at once (`hurry`)."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop or threading.Event()
+        self.hurry = threading.Event()
+        self.reason = "stop requested"
+
+    def signal(self, signum: int, *_: object) -> None:
+        name = signal.Signals(signum).name
+        if not self.stop.is_set():
+            self.reason = f"{name} received"
+            self.stop.set()
+            log.info("%s: stopping (send it again to end the drain at once)", name)
+        elif not self.hurry.is_set():
+            self.hurry.set()
+            log.warning("%s again: ending the drain now; what is buffered stays", name)
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.signal)
+
+
 def run_service(
     settings: CollectorSettings,
     failpoints: Failpoints,
-    stop: threading.Event | None = None,
+    stop: threading.Event | StopRequest | None = None,
     store_opener: Callable[[str], StreamStore] = open_store,
     install_signals: bool = True,
 ) -> int:
-    """Run until `stop` is set (SIGTERM/SIGINT with `install_signals`) or all drivers end."""
+    """Run until a stop is requested (SIGTERM/SIGINT/SIGHUP with `install_signals`, or
+    `stop` set) or all drivers end."""
+    request = stop if isinstance(stop, StopRequest) else StopRequest(stop)
     for note in settings.notes:
         log.warning(note)
+    for inst in settings.instances:
+        prepare_directory(inst, settings.state_dir, settings.file_modes)
     drivers = [(inst, create_driver(inst)) for inst in settings.instances]
-    stop = stop or threading.Event()
     if install_signals:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+        request.install()
     instances: list[Instance] = []
     try:
         for inst, driver in drivers:
-            instance = Instance(inst, driver, failpoints, store_opener)
+            instance = Instance(inst, driver, failpoints, store_opener, settings.file_modes)
             instance.start()
             instances.append(instance)
-        while not stop.is_set() and any(i.driver_running for i in instances):
-            stop.wait(0.5)
-        why = "stop requested" if stop.is_set() else "every driver has finished"
-        log.info("%s: stopping drivers and draining buffers", why)
+        while not request.stop.is_set() and any(i.driver_running for i in instances):
+            request.stop.wait(0.5)
+        if not request.stop.is_set():
+            request.reason = "every driver has finished"
+        log.info(
+            "%s: stopping drivers and draining buffers (at most %.0fs)",
+            request.reason,
+            settings.drain_timeout_seconds,
+        )
     finally:
-        _shutdown(instances, settings.drain_timeout_seconds)
+        _shutdown(instances, settings.drain_timeout_seconds, request)
     return 0
 
 
-def _shutdown(instances: list[Instance], drain_timeout: float) -> None:
+def _shutdown(instances: list[Instance], drain_timeout: float, request: StopRequest) -> None:
+    """Stop drivers, drain senders, halt them: all within `drain_timeout` (at once after a
+    second signal)."""
     deadline = time.monotonic() + drain_timeout
+    halt_at = deadline - min(_HALT_GRACE_MAX, drain_timeout / 4)
     for instance in instances:
         instance.stop.set()
+    _wait(lambda: not any(i.driver_running for i in instances), halt_at, request.hurry)
     for instance in instances:
-        instance.join_driver(max(0.0, deadline - time.monotonic()))
         if instance.driver_running:
-            log.error("%s: driver did not stop in time", instance.settings.name)
+            log.error(
+                "%s: driver did not stop in time: left behind (its buffer commits are "
+                "atomic, so this is as safe as a crash)",
+                instance.settings.name,
+            )
         instance.drain.set()
+    _wait(lambda: not any(i.sender_running for i in instances), halt_at, request.hurry)
     for instance in instances:
-        instance.join_sender(max(0.0, deadline - time.monotonic()))
         instance.halt.set()
+    _wait_halted(instances, deadline, request.hurry)
     for instance in instances:
-        instance.join_sender(10.0)
         if instance.sender_running or instance.driver_running:
             log.error(
                 "%s: still busy after the drain timeout; exiting anyway (the buffer and the "
@@ -84,12 +134,30 @@ def _shutdown(instances: list[Instance], drain_timeout: float) -> None:
                 instance.settings.name,
             )
             continue
-        _report_left(instance)
+        _report_left(instance, request.reason)
         instance.close()
 
 
-def _report_left(instance: Instance) -> None:
+def _wait(done: Callable[[], bool], until: float, hurry: threading.Event) -> None:
+    while not done() and not hurry.is_set() and time.monotonic() < until:
+        time.sleep(_POLL)
+
+
+def _wait_halted(instances: list[Instance], deadline: float, hurry: threading.Event) -> None:
+    """Wait for halted senders to finish their step: until the deadline, or for a moment
+    more after a second signal."""
+    hurried_at: float | None = None
+    while any(i.sender_running for i in instances) and time.monotonic() < deadline:
+        if hurry.is_set():
+            hurried_at = hurried_at or time.monotonic()
+            if time.monotonic() - hurried_at > _HALT_GRACE_MAX / 2:
+                return
+        time.sleep(_POLL)
+
+
+def _report_left(instance: Instance, reason: str) -> None:
     left = instance.buffered()
+    instance.record_stop(f"{reason}; {left} events left in the buffer")
     if left:
         log.warning(
             "%s: %d events stay in the buffer and will be sent at the next start",

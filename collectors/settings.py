@@ -14,7 +14,7 @@ import re
 import socket
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,10 +23,11 @@ from collectors.drivers.registry import find_spec, known_names
 from collectors.errors import ConfigError
 from collectors.options import Option, OptionsReader, from_toml
 from collectors.psc_env import PREFIX, instances_from_env, variable_names
+from pipeline.config import FileModes, StoreUriError, checked_store_uri
 from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS, InvalidName, parse_stream
 
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
-_COLLECTOR_KEYS = ("store", "state_dir", "drain_timeout_seconds")
+_COLLECTOR_KEYS = ("store", "state_dir", "drain_timeout_seconds", "unhealthy_after_seconds")
 
 #: How the sender commits a batch (see `coordinator.py`): `flush` needs a store whose
 #: transactions can be flushed, `commit` works with any store, `auto` picks by the store.
@@ -62,6 +63,10 @@ class CollectorSettings:
     state_dir: Path
     drain_timeout_seconds: float
     notes: tuple[str, ...]  # settings accepted but without effect here: logged at start-up
+    #: An instance whose driver cannot reach its source, or whose sender cannot reach the
+    #: store, for longer than this fails `sluice collect status --check`.
+    unhealthy_after_seconds: float = 60.0
+    file_modes: FileModes = field(default_factory=FileModes)
 
 
 def load_settings(
@@ -82,9 +87,10 @@ def load_settings(
     top = OptionsReader(
         f"{where} [collector]", from_toml(document.get("collector", {}), "collector")
     )
-    store = store_override or top.text("store", default_store)
-    state_dir = top.path("state_dir", home / "collector")
+    store = store_override or _store(top, "store", default_store, home)
+    state_dir = top.path("state_dir", home / "collector").absolute()
     drain = top.number("drain_timeout_seconds", 30.0)
+    unhealthy_after = top.number("unhealthy_after_seconds", 60.0, positive=True)
     top.finish(f"known: {', '.join(_COLLECTOR_KEYS)}")
 
     tables = {
@@ -101,10 +107,27 @@ def load_settings(
         )
     notes: list[str] = []
     instances = tuple(
-        _instance(name, table, store, state_dir, notes) for name, table in sorted(tables.items())
+        _instance(name, table, store=store, state_dir=state_dir, home=home, notes=notes)
+        for name, table in sorted(tables.items())
     )
     _check_distinct_buffers(instances)
-    return CollectorSettings(instances, state_dir, drain, tuple(notes))
+    return CollectorSettings(
+        instances,
+        state_dir,
+        drain,
+        tuple(notes),
+        unhealthy_after,
+        FileModes.from_environment(environ),
+    )
+
+
+def _store(r: OptionsReader, key: str, default: str, home: Path) -> str:
+    """A store URI, checked now (an unknown scheme would otherwise be retried for ever)."""
+    uri = r.text(key, default)
+    try:
+        return checked_store_uri(uri, r.origin(key), home)
+    except StoreUriError:
+        r.fail(key, "is not a store URI", "use embedded:<dir> or pravega://host:9090")
 
 
 def _read_toml(path: Path) -> dict:
@@ -127,7 +150,13 @@ def _toml_instances(document: dict, where: str) -> list[tuple[str, dict]]:
 
 
 def _instance(
-    name: str, table: dict[str, Option], store: str, state_dir: Path, notes: list[str]
+    name: str,
+    table: dict[str, Option],
+    *,
+    store: str,
+    state_dir: Path,
+    home: Path,
+    notes: list[str],
 ) -> InstanceSettings:
     if not _INSTANCE_NAME.fullmatch(name):
         msg = f"instance {name!r}"
@@ -155,7 +184,7 @@ def _instance(
         name=name,
         driver=spec.name,
         stream=stream,
-        store=r.text("store", store),
+        store=_store(r, "store", store, home),
         routing_key=r.text("routing_key", socket.gethostname()) or None,
         samples_per_event=r.integer("samples_per_event", 1000, minimum=1),
         buffer_file=r.path("buffer_file", state_dir / f"{name}.db").absolute(),

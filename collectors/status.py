@@ -5,6 +5,13 @@ block the writer): buffer depth, the newest sample time committed to the stream 
 behind now, the oldest sample still waiting, shed and quarantined counts, the transaction
 protocol (as configured, and as the sender last decided it for its store), transactions
 awaiting a decision, and the last errors. Whether the instance runs is told by its lock.
+
+Health (`healthy`, and `problems` saying why not; `sluice collect status --check` exits 1
+unless every instance is healthy): the instance runs; its driver, if it keeps a connection
+(MQTT), has not been disconnected for longer than `unhealthy_after_seconds`; its sender has
+not been failing for that long, and its heartbeat is fresh. After the process ends, the
+state shown is how it ended: a clean stop (with the signal and what was left), or an end
+without one (a crash, SIGKILL, a power cut).
 """
 
 from __future__ import annotations
@@ -42,17 +49,30 @@ class InstanceStatus:
     oldest_buffered_ns: int | None = None
     counters: dict[str, int] = field(default_factory=dict)
     last_errors: list[dict] = field(default_factory=list)
+    connected: bool | None = None  # None: the driver keeps no connection (or not yet)
+    connection: str | None = None  # what it is connected to, or why not, and since when
+    healthy: bool = False
+    problems: list[str] = field(default_factory=list)
+    last_stop: str | None = None  # how the last run ended, when it is not running
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+#: The sender writes its heartbeat every few seconds, and at least once per retry (backoff up
+#: to 30 s): older than this (beyond unhealthy_after_seconds) means it is stuck.
+HEARTBEAT_SLACK_SECONDS = 60.0
+
+
 def collect_status(settings: CollectorSettings, now_ns: int | None = None) -> list[InstanceStatus]:
     now_ns = now_ns or time.time_ns()
-    return [instance_status(inst, now_ns) for inst in settings.instances]
+    limit = settings.unhealthy_after_seconds
+    return [instance_status(inst, now_ns, limit) for inst in settings.instances]
 
 
-def instance_status(inst: InstanceSettings, now_ns: int) -> InstanceStatus:
+def instance_status(
+    inst: InstanceSettings, now_ns: int, unhealthy_after: float = 60.0
+) -> InstanceStatus:
     base = {
         "name": inst.name,
         "driver": inst.driver,
@@ -63,12 +83,69 @@ def instance_status(inst: InstanceSettings, now_ns: int) -> InstanceStatus:
         "running": _is_running(inst.buffer_file),
     }
     if not inst.buffer_file.exists():
-        return InstanceStatus(**base, sender_state="never started")
+        return InstanceStatus(**base, sender_state="never started", problems=["not running"])
     conn = sqlite3.connect(f"file:{inst.buffer_file}?mode=ro", uri=True, timeout=10.0)
     try:
-        return InstanceStatus(**base, **_read(conn, now_ns))
+        found = _read(conn, now_ns)
+    except sqlite3.DatabaseError as exc:
+        problem = f"buffer unreadable: {exc}"
+        return InstanceStatus(**base, sender_state=problem, problems=[problem])
     finally:
         conn.close()
+    meta = found.pop("meta")
+    health = _health(base["running"], meta, now_ns, unhealthy_after)
+    return InstanceStatus(**base, **found, **health)
+
+
+def _health(running: bool, meta: dict[str, str], now_ns: int, limit: float) -> dict:
+    """`healthy`, `problems`, the driver's connection and, when stopped, how it ended."""
+    connected = {"1": True, "0": False}.get(meta.get("driver_connected", ""))
+    since_ns = _int(meta.get("driver_since_ns"))
+    connection = None
+    if connected is not None:
+        connection = meta.get("driver_detail", "")
+        if since_ns:
+            connection += f" (since {format_timestamp(since_ns)})"
+    problems = []
+    if not running:
+        problems.append("not running")
+        state = meta.get("sender_state")
+        last_stop = meta.get("last_stop")
+        stopped_at, started_at = _int(meta.get("last_stop_ns")), _int(meta.get("started_ns"))
+        if state != "stopped" or not last_stop or stopped_at < started_at:
+            doing = state or "starting"
+            last_stop = f"ended without a clean stop (a crash, a kill or a power cut) while {doing}"
+        return {
+            "healthy": False,
+            "problems": problems,
+            "connected": None,
+            "connection": None,
+            "last_stop": last_stop,
+        }
+    if connected is False and since_ns and (now_ns - since_ns) / 1e9 > limit:
+        detail = meta.get("driver_detail", "")
+        problems.append(f"driver disconnected for {(now_ns - since_ns) / 1e9:.0f}s: {detail}")
+    failing_ns = _int(meta.get("sender_failing_since_ns"))
+    if failing_ns and (now_ns - failing_ns) / 1e9 > limit:
+        state = meta.get("sender_state", "")
+        problems.append(f"sender failing for {(now_ns - failing_ns) / 1e9:.0f}s: {state}")
+    beat_ns = _int(meta.get("heartbeat_ns"))
+    if beat_ns and (now_ns - beat_ns) / 1e9 > limit + HEARTBEAT_SLACK_SECONDS:
+        problems.append(f"sender silent for {(now_ns - beat_ns) / 1e9:.0f}s (stuck?)")
+    return {
+        "healthy": not problems,
+        "problems": problems,
+        "connected": connected,
+        "connection": connection,
+        "last_stop": None,
+    }
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
 
 
 def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
@@ -98,6 +175,7 @@ def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
         "oldest_buffered_ns": oldest,
         "counters": read_counters(conn),
         "last_errors": errors,
+        "meta": meta,
     }
 
 
@@ -121,9 +199,13 @@ def format_status(statuses: list[InstanceStatus]) -> str:
     blocks = []
     for s in statuses:
         c = s.counters
+        if s.running:
+            state = "running" + (f", sender {s.sender_state}" if s.sender_state else "")
+            state += ", healthy" if s.healthy else f", UNHEALTHY: {'; '.join(s.problems)}"
+        else:
+            state = f"not running, {s.last_stop or s.sender_state}"
         lines = [
-            f"{s.name} ({s.driver} -> {s.stream}): {'running' if s.running else 'not running'}"
-            + (f", sender {s.sender_state}" if s.sender_state else ""),
+            f"{s.name} ({s.driver} -> {s.stream}): {state}",
             f"  buffer: {s.depth_events}/{s.capacity_events} events "
             f"({s.queued_samples} samples waiting), {s.buffer_file}",
             f"  last committed sample: {_time(s.last_committed_ns)}"
@@ -136,6 +218,8 @@ def format_status(statuses: list[InstanceStatus]) -> str:
             f"  transactions: {_protocol(s)}; awaiting commit: {s.pending_txns}; "
             f"doubtful: {s.doubtful_txns}; errors: {c.get('errors', 0)}",
         ]
+        if s.connected is not None:
+            lines.insert(1, f"  {'connected' if s.connected else 'NOT connected'}: {s.connection}")
         lines += [f"    {e['time']} {e['source']}: {e['message']}" for e in s.last_errors]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

@@ -3,13 +3,17 @@ models, checks).
 
 The configuration file is read where it is asked for (never at import) and checked with
 msgspec against the frozen structs below: a misspelt key, a wrong type or a reference to an
-undefined store or model is one `SettingsError` that names the key to fix. Paths are relative
-to the home directory (`$SLUICE_HOME`, default `./.sluice`); `SLUICE_*` environment variables
-override (`load_settings`). `[spark]` and `[collectors]` are validated by their own parts and
-kept here as raw tables, so that the file is checked as a whole."""
+undefined store, model or schema is one `SettingsError` that names the key to fix (a stream's
+key by the stream's name). Paths are relative to the home directory (`$SLUICE_HOME`, default
+`./.sluice`); `SLUICE_*` environment variables override (`load_settings`): an unknown one, or
+a value that does not fit, is an `EnvironmentVariableError` naming the variable
+(`check_environment`). `[spark]` and `[collectors]` are validated by their own parts and kept
+here as raw tables, so that the file is checked as a whole. `store_uri` turns what a user
+gives for a store (`--store cloud`, a name here, or a URI) into a URI, in one place."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -18,11 +22,26 @@ from typing import Any
 
 import msgspec
 
-from pipeline.config import config_path, default_store_uri, load_config, sluice_home
+from pipeline.config import (
+    VARIABLES,
+    EnvironmentVariableError,
+    StoreUriError,
+    checked_store_uri,
+    config_path,
+    default_store_uri,
+    is_store_uri,
+    load_config,
+    sluice_home,
+    unknown_variables,
+)
 from pipeline.errors import SluiceError
 from pipeline.streams import InvalidName, parse_stream
 
 _FAMILY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+#: The schemas `pipeline.schemas` bundles. This layer sits beneath `pipeline.schemas`, so it
+#: looks at the files rather than importing the module (tests/test_settings.py checks that
+#: both see the same names).
+BUNDLED_SCHEMAS_DIR = Path(__file__).with_name("schemas") / "avsc"
 
 
 class SettingsError(SluiceError, ValueError):
@@ -112,6 +131,14 @@ class SluiceToml(_Table, kw_only=True):
     collectors: dict[str, Any] = {}
 
 
+#: Tables of named entries, checked entry by entry so that an error names the entry.
+_NAMED_TABLES: dict[str, type[_Table]] = {
+    "stores": StoreTable,
+    "streams": StreamTable,
+    "models": ModelTable,
+}
+
+
 class StreamFamily(msgspec.Struct, frozen=True, kw_only=True):
     """One configured stream and everything derived from it: its mirror, exports, replays.
 
@@ -179,38 +206,121 @@ def load_settings(
     collect` writes); `SLUICE_CHECKS_<KEY>`, `SLUICE_DAGSTER_<KEY>`, `SLUICE_EXPORTS_<KEY>` a
     scalar of those tables (`SLUICE_CHECKS_QUARANTINE_RATE_MAX=0.05`)."""
     env = os.environ if environ is None else environ
+    check_environment(env)
+    document = load_config(path)  # a path given (or SLUICE_CONFIG) must exist; ./sluice.toml not
     path = path or config_path()
-    document = load_config(path)
     where = str(path)
-    document = _apply_env(document, env)
+    document, origins = _apply_env(document, env)
+    for table, kind in _NAMED_TABLES.items():
+        entries = document.get(table, {})
+        if not isinstance(entries, dict):
+            raise SettingsError(where, f"[{table}] must hold one table per name ([{table}.NAME])")
+        for name, entry in entries.items():
+            try:
+                msgspec.convert(entry, kind, strict=False)
+            except msgspec.ValidationError as exc:
+                raise SettingsError(where, _toml_path(str(exc), f"{table}.{name}")) from None
     try:
         table = msgspec.convert(document, SluiceToml, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(where, _toml_path(str(exc))) from None
+        raise SettingsError(where, _toml_path(str(exc), "")) from None
     home = (home or sluice_home()).absolute()
-    return _resolve(table, document, home, path if path.exists() else None)
+    return _resolve(table, document, home, path if path.exists() else None, origins)
 
 
-def _toml_path(problem: str) -> str:
-    """msgspec says `$.streams[...].segments`; say `streams.<name>.segments` instead."""
-    return problem.replace("`$.", "`").replace("[...]", ".<name>").replace("`$`", "the file")
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse `SLUICE_*` variables Sluice does not read (a typo would silently not apply),
+    and store URIs that are not store URIs, naming the variable."""
+    tables = {f"SLUICE_{t.upper()}_": kind for t, kind in _OVERRIDABLE_TABLES.items()}
+    readable = set(VARIABLES) - set(tables) | set(_table_variables())
+    for name in sorted(environ):
+        prefix = next((p for p in tables if name.startswith(p)), None)
+        if prefix is not None and name not in _table_variables():
+            keys = ", ".join(_table_variables(prefix))
+            hint = f"check its spelling: the keys of this table are {keys}"
+        elif prefix is None and name in unknown_variables({name: ""}):
+            close = difflib.get_close_matches(name, sorted(readable), n=1, cutoff=0.85)
+            hint = f"did you mean {close[0]}?" if close else "check its spelling"
+            hint += " (every variable Sluice reads: pipeline/config.py)"
+        else:
+            continue
+        raise EnvironmentVariableError(name, "is not a variable Sluice reads", hint)
+    for variable in sorted(environ):
+        if variable == "SLUICE_STORE" or variable.startswith("SLUICE_STORE_"):
+            if environ[variable]:
+                checked_store_uri(environ[variable], variable)
 
 
-def _apply_env(document: dict, env: Mapping[str, str]) -> dict:
-    """The document with `SLUICE_<TABLE>_<KEY>` and `SLUICE_STORE_<NAME>` applied."""
+def _table_variables(prefix: str = "SLUICE_") -> list[str]:
+    """`SLUICE_<TABLE>_<KEY>` of every key of the overridable tables (starting with `prefix`)."""
+    names = [
+        f"SLUICE_{table.upper()}_{f.name.upper()}"
+        for table, kind in _OVERRIDABLE_TABLES.items()
+        for f in msgspec.structs.fields(kind)
+    ]
+    return [n for n in names if n.startswith(prefix)]
+
+
+def store_uri(
+    text: str | None, where: str = "--store", settings: SluiceSettings | None = None
+) -> str:
+    """The URI of the store a user names (`where` says how: `--store`): None is the default
+    store; a store URI is taken as it is (a relative embedded directory is under the home,
+    as in sluice.toml); any other text is the name of a store of sluice.toml (`cloud`)."""
+    if text is None:
+        return default_store_uri()
+    text = text.strip()
+    if is_store_uri(text):
+        return checked_store_uri(text, where, settings.home if settings else None)
+    if ":" in text:
+        raise StoreUriError(where, text)
+    settings = settings or load_settings()
+    if text in settings.stores:
+        return settings.stores[text]
+    known = ", ".join(sorted(settings.stores))
+    problem = (
+        f"{where} {text!r} is neither a store URI (embedded:<dir>, pravega://host:9090) nor "
+        f"the name of a store of [stores.*] (known: {known})"
+    )
+    raise SettingsError(str(settings.source or "sluice.toml"), problem)
+
+
+def _toml_path(problem: str, prefix: str) -> str:
+    """msgspec says `$.mirror.store` of an entry; say `streams.<name>.mirror.store`."""
+    if not prefix:
+        return problem.replace("`$.", "`").replace("[...]", ".<name>").replace("`$`", "the file")
+    if " - at `$" not in problem:
+        return f"{problem} - at `{prefix}`"
+    return problem.replace("`$.", f"`{prefix}.").replace("`$`", f"`{prefix}`")
+
+
+def _apply_env(document: dict, env: Mapping[str, str]) -> tuple[dict, dict[str, str]]:
+    """The document with `SLUICE_<TABLE>_<KEY>` and `SLUICE_STORE_<NAME>` applied, each value
+    checked against its key's type; and which keys came from which variable."""
     document = {k: dict(v) if isinstance(v, dict) else v for k, v in document.items()}
+    origins: dict[str, str] = {}
     for table, kind in _OVERRIDABLE_TABLES.items():
         for field in msgspec.structs.fields(kind):
-            value = env.get(f"SLUICE_{table.upper()}_{field.name.upper()}")
-            if value is not None:
-                document.setdefault(table, {})[field.name] = _env_value(value, field.type)
+            variable = f"SLUICE_{table.upper()}_{field.name.upper()}"
+            value = env.get(variable)
+            if value is None:
+                continue
+            try:
+                converted = msgspec.convert(_env_value(value, field.type), field.type, strict=False)
+            except msgspec.ValidationError as exc:
+                problem = f"{value!r} does not fit [{table}] {field.name} ({exc})"
+                raise EnvironmentVariableError(variable, problem, "fix or unset it") from None
+            document.setdefault(table, {})[field.name] = converted
+            origins[f"{table}.{field.name}"] = variable
     stores = {name: dict(t) for name, t in document.get("stores", {}).items()}
     for key, value in env.items():
         if key.startswith("SLUICE_STORE_") and value:
-            stores[key.removeprefix("SLUICE_STORE_").lower()] = {"uri": value}
+            name = key.removeprefix("SLUICE_STORE_").lower()
+            stores[name] = {"uri": value}
+            origins[f"stores.{name}"] = key
     if stores:
         document["stores"] = stores
-    return document
+    return document, origins
 
 
 def _env_value(value: str, kind: Any) -> Any:
@@ -220,9 +330,14 @@ def _env_value(value: str, kind: Any) -> Any:
     return value
 
 
-def _resolve(table: SluiceToml, raw: dict, home: Path, source: Path | None) -> SluiceSettings:
+def _resolve(
+    table: SluiceToml, raw: dict, home: Path, source: Path | None, origins: dict[str, str]
+) -> SluiceSettings:
     where = str(source or "sluice.toml")
-    stores = {name: _store_uri(name, t, home, where) for name, t in table.stores.items()}
+    stores = {
+        name: _store_uri(name, t, home, origins.get(f"stores.{name}", where))
+        for name, t in table.stores.items()
+    }
     stores.setdefault("edge", default_store_uri())
     for name, model in table.models.items():
         if ":" not in model.function:
@@ -231,7 +346,7 @@ def _resolve(table: SluiceToml, raw: dict, home: Path, source: Path | None) -> S
     bad_formats = sorted(set(table.exports.formats) - {"parquet", "csv"})
     if bad_formats:
         problem = f"exports.formats names {', '.join(bad_formats)}: use parquet and/or csv"
-        raise SettingsError(where, problem)
+        raise SettingsError(origins.get("exports.formats", where), problem)
     exports_dir = _under(home, table.exports.dir)
     families = tuple(
         _family(
@@ -271,10 +386,27 @@ def _store_uri(name: str, table: StoreTable, home: Path, where: str) -> str:
     if name == "edge":  # the default store: one rule, pipeline.config.default_store_uri
         return default_store_uri()
     if table.uri:
-        return table.uri
+        try:
+            return checked_store_uri(table.uri, f"stores.{name}.uri", home)
+        except StoreUriError as exc:
+            raise SettingsError(where, str(exc)) from None
     if table.embedded:
         return f"embedded:{_under(home, table.embedded)}"
     return default_store_uri()
+
+
+def _check_schema(family: str, schema: str, where: str) -> None:
+    """A bundled schema's name, or an `.avsc` file (as `pipeline.schemas.schema_path` finds)."""
+    if (BUNDLED_SCHEMAS_DIR / f"{schema}.avsc").is_file():
+        return
+    if schema.endswith(".avsc") and Path(schema).expanduser().is_file():
+        return
+    bundled = ", ".join(sorted(p.stem for p in BUNDLED_SCHEMAS_DIR.glob("*.avsc")))
+    problem = (
+        f"streams.{family}.schema = {schema!r} is neither a bundled schema ({bundled}) nor an "
+        ".avsc file that exists"
+    )
+    raise SettingsError(where, problem)
 
 
 def _family(
@@ -308,6 +440,7 @@ def _family(
         raise SettingsError(where, problem)
     if t.segments < 1:
         raise SettingsError(where, f"streams.{name}.segments must be at least 1")
+    _check_schema(name, t.schema, where)
     return StreamFamily(
         name=name,
         store=t.store,

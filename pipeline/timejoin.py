@@ -11,6 +11,8 @@ row order and how it is computed: `TIMEJOIN.md`."""
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,31 @@ class JoinInputError(SluiceError, ValueError):
         self.source, self.reason = source, reason
         msg = f"cannot join {source}: {reason}"
         super().__init__(msg)
+
+
+class JoinOutputError(SluiceError, ValueError):
+    """A join output that cannot be written: one of the inputs, or a directory."""
+
+    def __init__(self, output: str, reason: str) -> None:
+        self.output, self.reason = output, reason
+        msg = f"cannot write the join to {output}: {reason}"
+        super().__init__(msg)
+
+
+class InvalidMaxGap(SluiceError, ValueError):
+    """`max_gap` must be a finite number of seconds, zero or more."""
+
+    def __init__(self, max_gap: float) -> None:
+        self.max_gap = max_gap
+        msg = f"max gap {max_gap!r}: give a finite number of seconds, zero or more (--max-gap)"
+        super().__init__(msg)
+
+
+def check_max_gap(max_gap: float | None) -> float | None:
+    """`max_gap` if it is None or a finite number >= 0; else `InvalidMaxGap`."""
+    if max_gap is not None and (not math.isfinite(max_gap) or max_gap < 0):
+        raise InvalidMaxGap(max_gap)
+    return max_gap
 
 
 class SeriesOutOfOrder(SluiceError, ValueError):
@@ -133,6 +160,10 @@ def _as_sorted_times(times: np.ndarray | Sequence[float], name: str) -> np.ndarr
     if arr.dtype.kind == "f" and np.isnan(arr).any():
         reason = f"{int(np.isnan(arr).sum())} time(s) are NaN: drop or fix those records first"
         raise JoinInputError(name, reason)
+    if arr.dtype.kind == "f" and np.isinf(arr).any():
+        count = int(np.isinf(arr).sum())
+        reason = f"{count} time(s) are infinite: drop or fix those records first"
+        raise JoinInputError(name, reason)
     if len(arr) > 1 and not (arr[1:] >= arr[:-1]).all():
         reason = "its times are not in ascending order (use join_tables, which sorts)"
         raise JoinInputError(name, reason)
@@ -145,6 +176,7 @@ def join_indices(
     max_gap: float | None = None,
 ) -> JoinPairs:
     """The pairs of two time-sorted series, as row numbers, in the documented row order."""
+    check_max_gap(max_gap)
     lt = _as_sorted_times(left_times, "the left series")
     rt = _as_sorted_times(right_times, "the right series")
     l_lo, l_hi = _partner_ranges(lt, rt, inclusive=False)
@@ -170,6 +202,8 @@ def _times_of(table: pa.Table, time_column: str, name: str) -> np.ndarray:
         reason = f"it has no column {time_column!r} (columns: {', '.join(table.column_names)})"
         raise JoinInputError(name, reason)
     column = table[time_column]
+    if pa.types.is_null(column.type) and not len(column):
+        return np.empty(0, dtype=np.float64)  # a CSV with a header and no rows
     if column.null_count:
         reason = f"{column.null_count} record(s) have no {time_column!r}: fill or drop them first"
         raise JoinInputError(name, reason)
@@ -252,7 +286,7 @@ class StreamingJoin:
 
     def __init__(self, time_column: str = "time", max_gap: float | None = None) -> None:
         self.time_column = time_column
-        self.max_gap = max_gap
+        self.max_gap = check_max_gap(max_gap)
         self._tables: dict[Side, pa.Table | None] = {"left": None, "right": None}
         self._times: dict[Side, np.ndarray] = {}
         self._latest: dict[Side, float] = {"left": -np.inf, "right": -np.inf}
@@ -349,22 +383,70 @@ class StreamingJoin:
 
 
 def read_series(path: Path) -> pa.Table:
-    """A Parquet or CSV file (by extension; CSV with a header row) as an Arrow table."""
+    """A Parquet or CSV file (by extension; CSV with a header row) as an Arrow table; a file
+    that is missing, empty, not of its kind or repeats a column name is a `JoinInputError`."""
     path = Path(path)
     if not path.exists():
         reason = "no such file"
         raise JoinInputError(str(path), reason)
+    if path.is_dir():
+        reason = "it is a directory: give a .parquet or .csv file"
+        raise JoinInputError(str(path), reason)
     suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
+    if suffix not in (".parquet", ".pq", ".csv", ".txt"):
+        reason = f"unknown file type {suffix!r}: give a .parquet or .csv file"
+        raise JoinInputError(str(path), reason)
+    if path.stat().st_size == 0:
+        reason = "the file is empty (0 bytes): a CSV needs a header row, Parquet a footer"
+        raise JoinInputError(str(path), reason)
+    kind = "Parquet" if suffix in (".parquet", ".pq") else "CSV"
+    try:
+        return _read_parquet(path) if kind == "Parquet" else _read_csv(path)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        reason = f"not a readable {kind} file ({_first_line(exc)})"
+        raise JoinInputError(str(path), reason) from None
 
-        return pq.read_table(path)
-    if suffix in (".csv", ".txt"):
-        import pyarrow.csv as pacsv
 
-        return pacsv.read_csv(path)
-    reason = f"unknown file type {suffix!r}: give a .parquet or .csv file"
-    raise JoinInputError(str(path), reason)
+def _check_names(path: Path, names: list[str]) -> None:
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        reason = f"it repeats the column name(s) {', '.join(map(repr, repeated))}: rename them"
+        raise JoinInputError(str(path), reason)
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    _check_names(path, pq.read_schema(path).names)
+    return pq.read_table(path)
+
+
+def _read_csv(path: Path) -> pa.Table:
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(path)
+    _check_names(path, table.column_names)
+    return table
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def check_output(output: Path, inputs: Sequence[Path]) -> None:
+    """Refuse an output that is a directory or one of the inputs (the same file after
+    resolving the paths, symbolic links and hard links): writing it would destroy an input."""
+    output = Path(output)
+    if output.is_dir():
+        reason = "it is a directory: give a file name, such as DIR/pairs.parquet"
+        raise JoinOutputError(str(output), reason)
+    for source in inputs:
+        same = output.resolve() == Path(source).resolve()
+        if not same and output.exists():
+            same = os.path.samefile(output, source)
+        if same:
+            reason = f"it is the input {source}: choose another output file"
+            raise JoinOutputError(str(output), reason)
 
 
 def join_files(
@@ -376,12 +458,19 @@ def join_files(
 ) -> JoinResult:
     """Join two files into one Parquet file (written to a temporary name, then renamed).
 
+    The output may be neither a directory nor one of the inputs; the inputs are only read.
     Delivery: exactly-once for the output file: a crash leaves either no file or the whole
     one, and re-running replaces it with identical rows.
     """
     import pyarrow.parquet as pq
 
+    check_max_gap(max_gap)
+    check_output(output, (left, right))
     result = join_tables(read_series(left), read_series(right), time_column, max_gap)
-    with durable.atomic_path(output) as staging:
-        pq.write_table(result.table, staging)
+    try:
+        with durable.atomic_path(output) as staging:
+            pq.write_table(result.table, staging)
+    except OSError as exc:
+        reason = f"it cannot be written ({exc.strerror or exc})"
+        raise JoinOutputError(str(output), reason) from None
     return result

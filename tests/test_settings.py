@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.settings import SettingsError, load_settings
+from pipeline import cli
+from pipeline.config import ConfigFileError, EnvironmentVariableError
+from pipeline.errors import SluiceError
+from pipeline.settings import BUNDLED_SCHEMAS_DIR, SettingsError, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,17 +64,24 @@ def test_environment_overrides(tmp_path):
     [
         (
             ('schema = "NetworkSamples"', 'schema = "NetworkSamples"\nsegments = "many"'),
-            "Expected `int`, got `str` - at `streams.<name>.segments`",
+            "Expected `int`, got `str` - at `streams.net.segments`",
         ),
         (
             ('schema = "NetworkSamples"', 'schema = "NetworkSamples"\ncolour = 1'),
-            "unknown field `colour` - at `streams.<name>`",
+            "unknown field `colour` - at `streams.net`",
         ),
         (('models = ["m"]', 'models = ["nope"]'), "streams.net.models names nope"),
         (('stream = "site/network"', 'stream = "site/network"\nstore = "moon"'), "'moon'"),
         (('stream = "examples/network"', 'stream = "../escape"'), "streams.net.stream"),
         (('function = "pkg.mod:fn"', 'function = "pkg.mod.fn"'), "is not `module:function`"),
         (("[streams.net.bookmark]\nburst_mbps = 1.0", ""), "add [streams.net.bookmark]"),
+        (
+            ('schema = "NetworkSamples"', 'schema = "NetworkSample"'),
+            "streams.net.schema = 'NetworkSample' is neither a bundled schema "
+            "(AccelerometerSamples, GeneratorSamples, NetworkSamples) nor an .avsc file",
+        ),
+        (("[models.m]", "[models.m]\ncolour = 1"), "unknown field `colour` - at `models.m`"),
+        (('embedded = "cloud"', 'uri = "ftp://x"'), "stores.cloud.uri: 'ftp://x' is not a store"),
     ],
 )
 def test_mistakes_name_the_key(tmp_path, edit, message):
@@ -86,3 +96,109 @@ def test_unknown_family_is_refused(settings):
     known = "no [streams.nope] (known: generator, network)"
     with pytest.raises(SettingsError, match=re.escape(known)):
         settings.family("nope")
+
+
+# --- issue 13: configuration errors name the file and line, or the variable ------------------
+
+
+def test_a_toml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, "[stores.cloud]\nembedded = 'cloud'\n[streams.net\nstream = 'a/b'\n")
+    expected = f"{path}, line 3: not valid TOML: Expected ']' at the end of a table declaration"
+    with pytest.raises(ConfigFileError, match=re.escape(expected)):
+        load_settings(path, environ={}, home=tmp_path)
+    monkeypatch.setenv("SLUICE_CONFIG", str(path))
+    assert cli.main(["store", "list"]) == 1
+    assert (
+        capsys.readouterr().err
+        == f"sluice: error: {expected} (column 13); fix the syntax and retry\n"
+    )
+
+
+def test_a_missing_sluice_config_file_is_an_error(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "nope.toml"
+    monkeypatch.setenv("SLUICE_CONFIG", str(missing))
+    with pytest.raises(ConfigFileError, match=re.escape(f"{missing}: no such configuration file")):
+        load_settings(environ={})
+    assert cli.main(["slices", "list", "a/b"]) == 1
+    assert capsys.readouterr().err.startswith(f"sluice: error: {missing}: no such configuration")
+
+
+def test_no_sluice_toml_in_the_working_directory_is_an_empty_configuration(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLUICE_CONFIG", raising=False)
+    assert load_settings(environ={}, home=tmp_path).streams == ()
+
+
+@pytest.mark.parametrize("variable", ["SLUICE_CHECKS_NOPE", "SLUICE_STROE", "SLUICE_EXPORTS_DIRS"])
+def test_an_unknown_sluice_variable_is_an_error_naming_it(tmp_path, monkeypatch, capsys, variable):
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(
+        EnvironmentVariableError,
+        match=re.escape(f"environment variable {variable}: is not a variable Sluice reads"),
+    ):
+        load_settings(path, environ={variable: "1"}, home=tmp_path)
+    monkeypatch.setenv(variable, "1")
+    assert cli.main(["store", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sluice: error: environment variable {variable}: is not a variable")
+    assert "sluice.toml:" not in err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "SLUICE_CHECKS_QUARANTINE_RATE_MAX",
+            "lots",
+            "'lots' does not fit [checks] quarantine_rate_max",
+        ),
+        ("SLUICE_DAGSTER_TAIL_SENSOR_INTERVAL_SECONDS", "1.5", "does not fit [dagster]"),
+        ("SLUICE_EXPORTS_FORMATS", "parquet,xml", "exports.formats names xml"),
+        ("SLUICE_STORE_CLOUD", "ftp://x", "'ftp://x' is not a store URI"),
+        ("SLUICE_STORE", "cloud", "'cloud' is not a store URI"),
+    ],
+)
+def test_a_bad_value_in_a_variable_names_the_variable(tmp_path, variable, value, message):
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(SluiceError, match=re.escape(message)) as caught:
+        load_settings(path, environ={variable: value}, home=tmp_path)
+    assert variable in str(caught.value)
+    assert str(path) not in str(caught.value)
+
+
+def test_known_variables_are_accepted(tmp_path):
+    env = {
+        "SLUICE_HOME": str(tmp_path),
+        "SLUICE_SPARK_MASTER": "local[1]",
+        "SLUICE_PRAVEGA_RPC_TIMEOUT": "3",
+        "SLUICE_TEST_PRAVEGA": "tcp://127.0.0.1:9090",
+        "SLUICE_GROUP_READ": "1",
+        "SLUICE_STORE_ARCHIVE": "embedded:archive",
+    }
+    s = load_settings(write(tmp_path, MINIMAL), environ=env, home=tmp_path / "home")
+    assert s.stores["archive"] == f"embedded:{tmp_path / 'home' / 'archive'}"
+
+
+def test_settings_see_the_same_bundled_schemas_as_pipeline_schemas():
+    from pipeline.schemas import bundled_schemas
+
+    assert tuple(sorted(p.stem for p in BUNDLED_SCHEMAS_DIR.glob("*.avsc"))) == bundled_schemas()
+
+
+def test_an_avsc_file_is_a_schema(tmp_path):
+    avsc = tmp_path / "Mine.avsc"
+    avsc.write_text("{}")
+    text = MINIMAL.replace('schema = "NetworkSamples"', f'schema = "{avsc}"')
+    assert load_settings(write(tmp_path, text), environ={}, home=tmp_path).family(
+        "net"
+    ).schema == str(avsc)
+
+
+def test_zero_segments_on_the_command_line_is_a_clear_error(tmp_path, capsys, store_dir):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--store", f"embedded:{store_dir}", "store", "create", "a/b", "--segments", "0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith("error: argument --segments: 0: a stream has at least 1 segment\n")
+    assert "Traceback" not in err
+    assert not store_dir.exists()  # nothing created

@@ -8,6 +8,7 @@ tables and their meaning are in FORMAT.md next to this file.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -15,15 +16,44 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from collectors.buffer.schema import SCHEMA, SCHEMA_VERSION
-from collectors.errors import BufferSchemaError
+from collectors.errors import BufferSchemaError, BufferUnusable
 from collectors.failpoints import Failpoints
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """Open (creating if needed) a buffer file with the collector's durability settings."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+def connect(path: Path, file_mode: int = 0o600) -> sqlite3.Connection:
+    """Open (creating if needed, with `file_mode`) a buffer file with the collector's
+    durability settings; `BufferUnusable` if it is not a SQLite database, or another
+    program's. Nothing is written to a file that is refused."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, file_mode))
+        conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+    except OSError as exc:
+        problem = f"cannot be opened ({exc.strerror or exc})"
+        raise BufferUnusable(path, problem, "check buffer_file and its directory") from None
+    try:
+        return _prepare(conn, path)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        problem = f"is not a SQLite database ({exc})"
+        hint = "point buffer_file at a collector buffer, or move this file away"
+        raise BufferUnusable(path, problem, hint) from None
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _prepare(conn: sqlite3.Connection, path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA busy_timeout = 60000")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version == 0:
+        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        if tables:
+            problem = f"is another program's SQLite database (tables {', '.join(sorted(tables))})"
+            hint = "point buffer_file at a collector buffer, or move this file away"
+            raise BufferUnusable(path, problem, hint)
+    if version > SCHEMA_VERSION:
+        raise BufferSchemaError(path, version, SCHEMA_VERSION)
     if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         conn.execute("PRAGMA page_size = 65536")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -31,10 +61,6 @@ def connect(path: Path) -> sqlite3.Connection:
     # Some SQLite builds zero every deleted byte (SECURE_DELETE): for sent samples that
     # doubles the writes. FAST zeroes only what costs no extra I/O.
     conn.execute("PRAGMA secure_delete = FAST")
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        conn.close()
-        raise BufferSchemaError(path, version, SCHEMA_VERSION)
     if version < SCHEMA_VERSION:
         conn.executescript(
             f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
@@ -83,12 +109,13 @@ class BufferFile:
         room: threading.Condition | None = None,
         failpoints: Failpoints | None = None,
         turns: WriteTurns | None = None,
+        file_mode: int = 0o600,
     ) -> None:
         self.path = path
         self.room = room or threading.Condition()
         self.failpoints = failpoints or Failpoints()
         self.turns = turns or WriteTurns()
-        self.conn = connect(path)
+        self.conn = connect(path, file_mode)
 
     def close(self) -> None:
         self.conn.close()

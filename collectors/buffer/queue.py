@@ -56,8 +56,9 @@ class Buffer(BufferFile):
         room: threading.Condition | None = None,
         failpoints: Failpoints | None = None,
         turns: WriteTurns | None = None,
+        file_mode: int = 0o600,
     ) -> None:
-        super().__init__(path, room=room, failpoints=failpoints, turns=turns)
+        super().__init__(path, room=room, failpoints=failpoints, turns=turns, file_mode=file_mode)
         self.capacity_events = capacity_events
         self.when_full = when_full
         self.ledger = TxnLedger(self)

@@ -106,6 +106,11 @@ class DriverContext(Protocol):
         """Log and record a problem for `sluice collect status`, at most once per `every`
         seconds per source."""
 
+    def set_connected(self, connected: bool, detail: str = "") -> None:
+        """For a driver with a connection to its source (a broker): whether it is up now.
+        `sluice collect status` shows it, and its health check fails when it stays down for
+        longer than `unhealthy_after_seconds`. Cheap to call often: written on change only."""
+
 
 class Driver(Protocol):
     def run(self, ctx: DriverContext) -> None:

@@ -5,11 +5,15 @@ to the failed folder with its reason), batched into events and buffered, then de
 or remembered. Delivery guarantee: **exactly-once per file**, across crashes at any point:
 each SQLite commit that buffers rows of a file also records how far the file got
 (`FileRecord`), so a restart resumes after the last buffered row and a done file is not
-taken again. Details and settings: DRIVERS.md next to this file.
+taken again. A done file that is still in place and grows by whole CSV rows (the bytes
+already ingested unchanged: their SHA-256 is kept) is ingested from the row where it stopped;
+any other change to it goes to the failed folder with the reason, never ingested twice.
+Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sqlite3
@@ -17,7 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from collectors.batch import encode_json
 from collectors.drivers.base import (
@@ -31,7 +35,7 @@ from collectors.errors import DriverError
 from collectors.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
 
 EVENTS_PER_COMMIT = 100
-FILE_STATE_VERSION = 1
+FILE_STATE_VERSION = 2  # 2: `digest`, the SHA-256 of the bytes ingested
 _IN_PROGRESS_SUFFIXES = (".tmp", ".part", ".partial", "~")
 
 FILES_SCHEMA = """
@@ -44,9 +48,11 @@ CREATE TABLE IF NOT EXISTS files (
     state TEXT NOT NULL CHECK (state IN ('ingesting', 'done')),
     rows_done INTEGER NOT NULL,
     events INTEGER NOT NULL,
-    updated_ns INTEGER NOT NULL
+    updated_ns INTEGER NOT NULL,
+    digest TEXT
 )
 """
+_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,7 @@ class FileRecord:
     state: Literal["ingesting", "done"]
     rows_done: int
     events: int
+    digest: str | None = None  # SHA-256 of the file's first `size` bytes (None before v2)
 
     def same_file(self, st: os.stat_result) -> bool:
         return (self.size, self.mtime_ns, self.inode) == (st.st_size, st.st_mtime_ns, st.st_ino)
@@ -106,9 +113,16 @@ def parse_options(r: OptionsReader) -> Options:
 def create(settings: DriverSettings) -> FilesDriver:
     options: Options = settings.options
     for directory in options.directories:
-        if not directory.is_dir():
-            problem = f"directory {directory} does not exist (set directories / FILE_SPEC)"
-            raise DriverError(settings.name, "files", problem)
+        if directory.is_dir():
+            continue
+        if directory.is_file():
+            problem = f"directories entry {directory} is a regular file, not a directory"
+        elif directory.exists():
+            problem = f"directories entry {directory} is not a directory"
+        else:
+            problem = f"directory {directory} does not exist"
+        problem += " (set directories / FILE_SPEC to directories the files are dropped into)"
+        raise DriverError(settings.name, "files", problem)
     return FilesDriver(settings)
 
 
@@ -122,7 +136,7 @@ class FilesDriver:
         self.failed_dir = self.options.failed_dir or default_failed
 
     def run(self, ctx: DriverContext) -> None:
-        ctx.buffer.write(lambda c: c.execute(FILES_SCHEMA))
+        ctx.buffer.write(_create_table)
         while ctx.running:
             for path in self._candidates():
                 if not ctx.running:
@@ -165,27 +179,80 @@ class FilesDriver:
             self._vanished(ctx, path)
             return
         record = _lookup(ctx, path)
-        if record is not None and record.same_file(st) and record.state == "done":
-            self._completed(ctx, path)
+        if record is not None and record.state == "done" and not self._taken_again(ctx, st, record):
             return
         if record is not None and record.state == "ingesting" and not record.same_file(st):
             self._changed(ctx, path, record)
             return
-        if record is not None and record.state == "done":
-            record = None  # a new file under a name seen before
         try:
             validate(path, self.options.table)
             ctx.failpoints.hit("files.after_validate")
             if path.stat().st_mtime_ns != st.st_mtime_ns:
                 return  # written to while we read it: take it when it has settled
-            self._ingest(ctx, path, st, record.rows_done if record else 0)
+            self._ingest(ctx, path, st, record)
         except BadFile as exc:
             self._fail(ctx, path, str(exc), record)
         except FileNotFoundError:
             self._vanished(ctx, path)
 
-    def _ingest(self, ctx: DriverContext, path: Path, st: os.stat_result, start: int) -> None:
-        state = FileRecord(str(path), st.st_size, st.st_mtime_ns, st.st_ino, "ingesting", start, 0)
+    def _taken_again(self, ctx: DriverContext, st: os.stat_result, record: FileRecord) -> bool:
+        """For a file done before: True if it grew by rows to take; else it is completed
+        (unchanged, or only touched) or failed (changed), and False."""
+        path = Path(record.path)
+        change = "same" if record.same_file(st) else self._change(path, st, record)
+        if change == "grown":
+            return True
+        if change == "changed":
+            reason = (
+                "it changed after it was ingested (only CSV rows appended to it are taken); "
+                "drop it again under a new name to ingest it as a new file"
+            )
+            self._fail(ctx, path, reason, record)
+            return False
+        if change == "touched":
+            ctx.buffer.write(lambda c: _save(c, _restat(record, st)))
+        self._completed(ctx, path)
+        return False
+
+    def _change(self, path: Path, st: os.stat_result, record: FileRecord) -> str:
+        """How a done file differs from what was ingested: `touched` (same bytes), `grown`
+        (whole CSV rows appended, the rest unchanged) or `changed`."""
+        if record.digest is None or st.st_size < record.size:
+            return "changed"
+        try:
+            with path.open("rb") as fh:
+                digest = _sha256(fh, record.size)
+                fh.seek(max(0, record.size - 1))
+                at_row_end = record.size == 0 or fh.read(1) in (b"\n", b"\r")
+        except FileNotFoundError:
+            return "changed"
+        if digest != record.digest:
+            return "changed"
+        if st.st_size == record.size:
+            return "touched"
+        grows = self.options.table.kind == "csv" and at_row_end
+        return "grown" if grows else "changed"
+
+    def _ingest(
+        self, ctx: DriverContext, path: Path, st: os.stat_result, record: FileRecord | None
+    ) -> None:
+        with path.open("rb") as fh:
+            digest = _sha256(fh, st.st_size)
+        if not _unchanged_stat(path, st):
+            return  # written to meanwhile: taken when it has settled again
+        start = record.rows_done if record else 0
+        if record is not None and record.state == "done":
+            ctx.log.info("%s grew after it was ingested: taking it from row %d", path, start)
+        state = FileRecord(
+            str(path),
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ino,
+            "ingesting",
+            start,
+            record.events if record else 0,
+            digest,
+        )
         chunk: list[PendingEvent] = []
         per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
         for event in self._events(path, st, start):
@@ -195,6 +262,8 @@ class FilesDriver:
                 if state is None or not self._unchanged(ctx, path, st, state):
                     return
                 chunk = []
+                if not ctx.running:
+                    return  # stopping: a restart resumes after the rows just committed
         final = self._commit(ctx, chunk, state, done=True)
         if final is not None:
             ctx.log.info("ingested %s: %d rows in %d events", path, final.rows_done, final.events)
@@ -230,6 +299,7 @@ class FilesDriver:
             "done" if done else "ingesting",
             state.rows_done + sum(e.samples for e in events),
             state.events + len(events),
+            state.digest,
         )
         if ctx.append(events, hook=lambda c: _save(c, new)) is not Appended.STORED:
             return None  # stopping while the buffer is full: resume from the last commit
@@ -300,9 +370,52 @@ class FilesDriver:
             ctx.buffer.write(lambda c: c.executemany("DELETE FROM files WHERE path = ?", gone))
 
 
+def _create_table(c: sqlite3.Connection) -> None:
+    """The `files` table, with `digest` added to a table of version 1."""
+    c.execute(FILES_SCHEMA)
+    columns = {row[1] for row in c.execute("PRAGMA table_info(files)")}
+    if "digest" not in columns:
+        c.execute("ALTER TABLE files ADD COLUMN digest TEXT")
+
+
+def _sha256(fh: BinaryIO, size: int) -> str:
+    """SHA-256 of the first `size` bytes of an open file."""
+    digest = hashlib.sha256()
+    left = size
+    while left > 0:
+        chunk = fh.read(min(_HASH_CHUNK, left))
+        if not chunk:
+            break
+        digest.update(chunk)
+        left -= len(chunk)
+    return digest.hexdigest()
+
+
+def _unchanged_stat(path: Path, st: os.stat_result) -> bool:
+    try:
+        now = path.stat()
+    except FileNotFoundError:
+        return False
+    return (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _restat(record: FileRecord, st: os.stat_result) -> FileRecord:
+    return FileRecord(
+        record.path,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ino,
+        record.state,
+        record.rows_done,
+        record.events,
+        record.digest,
+    )
+
+
 def _lookup(ctx: DriverContext, path: Path) -> FileRecord | None:
     row = ctx.buffer.conn.execute(
-        "SELECT path, size, mtime_ns, inode, state, rows_done, events FROM files WHERE path = ?",
+        "SELECT path, size, mtime_ns, inode, state, rows_done, events, digest FROM files"
+        " WHERE path = ?",
         (str(path),),
     ).fetchone()
     return FileRecord(*row) if row else None
@@ -311,7 +424,7 @@ def _lookup(ctx: DriverContext, path: Path) -> FileRecord | None:
 def _save(c: sqlite3.Connection, record: FileRecord) -> None:
     c.execute(
         "INSERT OR REPLACE INTO files (path, version, size, mtime_ns, inode, state, rows_done,"
-        " events, updated_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " events, updated_ns, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             record.path,
             FILE_STATE_VERSION,
@@ -322,6 +435,7 @@ def _save(c: sqlite3.Connection, record: FileRecord) -> None:
             record.rows_done,
             record.events,
             time.time_ns(),
+            record.digest,
         ),
     )
 

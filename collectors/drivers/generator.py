@@ -76,7 +76,7 @@ class GeneratorDriver:
         self.events_per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
         burst = per_event * self.events_per_commit
         period = max(1, round(1e9 / self.options.samples_per_sec))  # whole nanoseconds
-        while appender.running:
+        while appender.running and ctx.running:  # at any rate: a stop is never starved
             if schedule.due() - next_seq > max(self.options.samples_per_sec, burst):
                 schedule.restart(next_seq + burst)  # a stall: do not owe more than one burst
             count = self._count(next_seq, schedule.due() - next_seq)

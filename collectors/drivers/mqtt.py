@@ -6,7 +6,9 @@ configured: paho acknowledges QoS 2 before the application sees it). Undecodable
 quarantined with their reason. Delivery guarantee: **at-least-once** into the buffer,
 exactly-once from it on: a crash between the commit and the acknowledgement makes the broker
 redeliver a batch, and MQTT has no stable message id to tell the copy apart.
-Details and settings: DRIVERS.md next to this file.
+A broker that cannot be reached is logged (at most once a minute), recorded for `sluice
+collect status` (`connected`, `last_errors`), and tried again with backoff (1 s to 30 s);
+stopping never waits for it. Details and settings: DRIVERS.md next to this file.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import queue
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,10 @@ from collectors.errors import DriverError
 from pipeline.streams import MAX_EVENT_SIZE
 
 _LARGEST_PAYLOAD = MAX_EVENT_SIZE - 64 * 1024  # leave room for the event's other fields
+#: A broker that stays unreachable is logged and recorded at most this often.
+ERROR_EVERY_SECONDS = 60.0
+#: Stopping waits at most this long for the network thread (it may be mid-connect).
+STOP_WAIT_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +49,7 @@ class Options:
     qos: int
     client_id: str | None
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)
     tls: bool
     ca_file: Path | None
     keepalive: int
@@ -77,7 +83,7 @@ def parse_options(r: OptionsReader) -> Options:
         qos=qos,
         client_id=r.text("client_id", None),
         username=r.text("username", None),
-        password=r.text("password", None),
+        password=r.secret("password", None),
         tls=r.flag("tls", False),
         ca_file=r.path("ca_file", None) if r.has("ca_file") else None,
         keepalive=r.integer("keepalive", 60, minimum=5),
@@ -105,6 +111,12 @@ class MqttDriver:
         self.inbox: queue.Queue[Received] = queue.Queue(maxsize=10_000)
         self.session = 0
         self.closing = threading.Event()
+        self.broker = f"{self.options.host}:{self.options.port}"
+        # Set by the network thread's callbacks, reported by the driver thread (which owns
+        # the buffer connection): (connected, detail, failures so far).
+        self._link: tuple[bool, str, int] | None = None
+        self._failures = 0
+        self._why = "no answer"  # why the last connect failed (paho's callback does not say)
 
     def run(self, ctx: DriverContext) -> None:
         if self.options.qos == 2:
@@ -117,8 +129,7 @@ class MqttDriver:
         finally:
             self.closing.set()
             _drain(self.inbox)  # unblock the network thread; these were not acknowledged
-            client.disconnect()
-            client.loop_stop()
+            _stop_client(client)
 
     def _client(self, ctx: DriverContext) -> Any:
         import paho.mqtt.client as mqtt
@@ -135,22 +146,49 @@ class MqttDriver:
         if self.options.tls:
             client.tls_set(ca_certs=str(self.options.ca_file) if self.options.ca_file else None)
         client.reconnect_delay_set(1, 30)
-        client.on_connect = lambda c, _u, _f, code, _p: self._on_connect(ctx, c, code)
-        client.on_disconnect = lambda _c, _u, _f, code, _p: self._on_disconnect(ctx, code)
+        client.on_connect = lambda c, _u, _f, code, _p: self._on_connect(c, code)
+        client.on_connect_fail = lambda _c, _u: self._down(f"cannot connect: {self._why}")
+        client.on_disconnect = lambda _c, _u, _f, code, _p: self._on_disconnect(code)
         client.on_message = lambda _c, _u, message: self._on_message(message)
+        connect = client.reconnect
+
+        def reconnect() -> Any:  # paho's loop reports a failed connect without its reason
+            try:
+                return connect()
+            except OSError as exc:
+                self._why = exc.strerror or str(exc) or type(exc).__name__
+                raise
+
+        client.reconnect = reconnect
         return client
 
-    def _on_connect(self, ctx: DriverContext, client: Any, code: Any) -> None:
+    def _on_connect(self, client: Any, code: Any) -> None:
         if code.is_failure:
-            ctx.error("connect", f"broker {self.options.host}:{self.options.port} refused: {code}")
+            self._down(f"the broker refused the connection: {code}")
             return
         self.session += 1
         client.subscribe([(topic, 1) for topic in self.options.topics])
-        ctx.log.info("connected to %s:%d", self.options.host, self.options.port)
+        self._link = (True, f"broker {self.broker}", self._failures)
 
-    def _on_disconnect(self, ctx: DriverContext, code: Any) -> None:
+    def _on_disconnect(self, code: Any) -> None:
         if not self.closing.is_set():
-            ctx.log.warning("disconnected from the broker (%s): reconnecting", code)
+            self._down(f"connection lost ({code}): reconnecting")
+
+    def _down(self, detail: str) -> None:
+        self._failures += 1
+        self._link = (False, f"broker {self.broker}: {detail}", self._failures)
+
+    def _report(self, ctx: DriverContext, reported: int) -> int:
+        """Hand the network thread's news to the buffer (from this thread); returns the
+        number of failures reported so far."""
+        link = self._link
+        if link is None:
+            return reported
+        connected, detail, failures = link
+        ctx.set_connected(connected, detail)
+        if failures > reported and not connected:
+            ctx.error("connect", f"{detail} (retrying with backoff)", every=ERROR_EVERY_SECONDS)
+        return failures
 
     def _on_message(self, message: Any) -> None:
         if self.closing.is_set():
@@ -165,7 +203,9 @@ class MqttDriver:
         first_at = 0.0
         max_delay = self.options.max_delay_ms / 1000.0
         limit = min(self.settings.samples_per_event, self.options.max_inflight)
+        reported = 0
         while ctx.running:
+            reported = self._report(ctx, reported)
             wait = 0.25 if not pending else max(0.0, first_at + max_delay - time.monotonic())
             try:
                 pending.append(self.inbox.get(timeout=wait))
@@ -227,6 +267,15 @@ class MqttDriver:
 def _refuse_constant(name: str) -> Any:
     msg = f"{name} is not valid JSON"
     raise ValueError(msg)
+
+
+def _stop_client(client: Any) -> None:
+    """Disconnect and stop the network thread, waiting for it at most STOP_WAIT_SECONDS (a
+    connect in progress to an unreachable host may hold it longer; it is a daemon thread)."""
+    client.disconnect()
+    stopper = threading.Thread(target=client.loop_stop, name="mqtt-stop", daemon=True)
+    stopper.start()
+    stopper.join(STOP_WAIT_SECONDS)
 
 
 def _drain(inbox: queue.Queue) -> None:

@@ -6,15 +6,28 @@ Only the module of the command being run is imported, so `sluice collect` starts
 box that has neither Spark nor DuckDB, and a command whose dependencies are not installed
 says which install it needs. Errors that Sluice raises on purpose (`SluiceError`) print as
 one line and exit 1.
+
+Before a command runs, `main` refuses `SLUICE_*` variables Sluice does not read, sets the
+modes of the files it will write (owner-only unless `SLUICE_GROUP_READ=1`), and turns every
+`--store`/`--to-store` (a store's name in sluice.toml, or a URI) into a URI, in one place
+(`pipeline.settings.store_uri`), so each command gets a URI.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from pipeline.errors import SluiceError
+
+#: Options that name a store, resolved by `resolve_stores`: attribute -> option.
+STORE_OPTIONS = {"store": "--store", "to_store": "--to-store"}
+STORE_HELP = (
+    "a store's name in sluice.toml ([stores.NAME], e.g. cloud) or a URI: embedded:<dir> (a "
+    "relative dir is under $SLUICE_HOME) or pravega://host:9090"
+)
 
 #: command -> (module that registers it, one-line help). A module may register several.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,9 +76,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--store",
-        metavar="URI",
-        help="stream store: embedded:<dir> or pravega://host:9090 (default: $SLUICE_STORE, "
-        "else embedded:$SLUICE_HOME/streams)",
+        metavar="STORE",
+        help=f"stream store: {STORE_HELP} (default: $SLUICE_STORE, else [stores.edge], else "
+        "embedded:$SLUICE_HOME/streams)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = (
@@ -83,10 +96,27 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_stores(args: argparse.Namespace) -> argparse.Namespace:
+    """Every store option given, as a URI (`pipeline.settings.store_uri`)."""
+    from pipeline.settings import store_uri
+
+    for attribute, option in STORE_OPTIONS.items():
+        value = getattr(args, attribute, None)
+        if value is not None:
+            setattr(args, attribute, store_uri(value, option))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    umask: int | None = None
     try:
-        args = build_parser(chosen_command(argv)).parse_args(argv)
+        from pipeline.config import FileModes
+        from pipeline.settings import check_environment
+
+        check_environment(os.environ)
+        umask = FileModes.from_environment().apply()
+        args = resolve_stores(build_parser(chosen_command(argv)).parse_args(argv))
         return int(args.func(args) or 0)
     except SluiceError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
@@ -95,3 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        if umask is not None:
+            os.umask(umask)  # for callers in this process (tests); a process just exits

@@ -1,8 +1,9 @@
-"""`sluice collect [--config collector.toml]` and `sluice collect status`.
+"""`sluice collect [--config collector.toml]` and `sluice collect status [--check]`.
 
 Without `--config`, `./collector.toml` is read if it exists; instances may also (or only)
-come from `PRAVEGA_SENSOR_COLLECTOR_*` environment variables. The global `--store` sets the
-store of instances that name none.
+come from `PRAVEGA_SENSOR_COLLECTOR_*` environment variables. The global `--store` (a URI or
+a store's name in sluice.toml) sets the store of instances that name none. `status --check`
+is the health check: exit 1 unless every instance runs and is healthy.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 from collectors.settings import CollectorSettings, load_settings
@@ -20,7 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     collect = subparsers.add_parser(
         "collect",
         help="run the edge collector (drivers -> SQLite buffer -> stream, exactly-once)",
-        description="Run every configured collector instance until SIGTERM/SIGINT, then drain.",
+        description="Run every configured collector instance until SIGTERM, SIGINT or SIGHUP "
+        "(each: stop the drivers, send what is buffered for up to drain_timeout_seconds, exit; "
+        "a second signal ends the drain at once; what is left stays buffered for the next "
+        "start). SIGHUP does not reload: the supervisor's restart reads the configuration anew.",
     )
     _config_option(collect, None)
     collect.add_argument(
@@ -31,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status = actions.add_parser("status", help="buffer depth, last committed sample, lag, errors")
     _config_option(status, argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
+    status.add_argument(
+        "--check",
+        action="store_true",
+        help="health check: exit 1 unless every instance runs, its driver reaches its source "
+        "and its sender the store (within unhealthy_after_seconds)",
+    )
     status.set_defaults(func=_status)
 
 
@@ -72,4 +83,9 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps([s.as_dict() for s in statuses], indent=2))
     else:
         print(format_status(statuses))
-    return 0
+    if not args.check:
+        return 0
+    problems = [f"{s.name}: {p}" for s in statuses for p in s.problems]
+    for problem in problems:
+        print(f"unhealthy: {problem}", file=sys.stderr)
+    return 1 if problems else 0

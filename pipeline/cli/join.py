@@ -22,24 +22,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("left", type=Path, help="left series (.parquet or .csv)")
     p.add_argument("right", type=Path, help="right series (.parquet or .csv)")
-    p.add_argument("--output", "-o", type=Path, required=True, help="output Parquet file")
+    p.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        required=True,
+        help="output Parquet file (relative to the working directory, as the inputs are; "
+        "never one of the inputs)",
+    )
     p.add_argument("--time-column", default="time", help="time column of both files (seconds)")
     p.add_argument(
         "--max-gap",
         type=float,
         default=None,
         metavar="SECONDS",
-        help="drop pairs whose times are more than this apart",
+        help="drop pairs whose times are more than this apart (a finite number, zero or more)",
     )
     p.set_defaults(func=_run_join)
 
 
 def _run_join(args: argparse.Namespace) -> int:
-    from pipeline.timejoin import JoinInputError, join_files
+    from pipeline.timejoin import join_files
 
-    if args.max_gap is not None and args.max_gap < 0:
-        reason = f"--max-gap must be zero or more seconds, not {args.max_gap}"
-        raise JoinInputError(str(args.left), reason)
     result = join_files(args.left, args.right, args.output, args.time_column, args.max_gap)
     print(json.dumps({"output": str(args.output), **result.as_dict()}))
     return 0

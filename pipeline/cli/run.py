@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.config import under_home
 from pipeline.errors import SluiceError
 from pipeline.jobs.bookmark import (
     DEFAULT_NAME,
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
 
 TRIGGER_FLAG, FORMAT_FLAG, ROWS_FLAG = "--trigger", "--format", "--max-rows-per-file"
 STREAM_HELP = "SCOPE/STREAM"
+OUTPUT_HELP = (
+    "a relative path is under $SLUICE_HOME, as sluice.toml's [exports] dir is (so "
+    "exports/network is where `sluice sql` looks); an absolute path is kept"
+)
 
 
 class UsageError(SluiceError, ValueError):
@@ -179,7 +184,12 @@ def _add_mirror(jobs: argparse._SubParsersAction, common: argparse.ArgumentParse
     p = jobs.add_parser("mirror", parents=[common], help="copy a stream, exactly once")
     p.add_argument("--stream", required=True, help="source SCOPE/STREAM")
     p.add_argument("--to", required=True, help="target SCOPE/STREAM")
-    p.add_argument("--to-store", metavar="URI", help="target store (default: --store)")
+    p.add_argument(
+        "--to-store",
+        metavar="STORE",
+        help="target store: a store's name in sluice.toml (cloud) or a URI (embedded:<dir>, "
+        "relative to $SLUICE_HOME; pravega://host:9090); default: --store",
+    )
     p.add_argument("--fixed-routing-key", metavar="KEY", help="one routing key for all")
     p.add_argument(
         "--commit-mode",
@@ -213,7 +223,12 @@ def _add_export(jobs: argparse._SubParsersAction, common: argparse.ArgumentParse
     p = jobs.add_parser("export", parents=[common], help="flatten a stream into files")
     p.add_argument("--stream", required=True, help="source SCOPE/STREAM")
     p.add_argument("--schema", required=True, help="an .avsc file or a bundled name")
-    p.add_argument("--output", required=True, type=Path, help="output directory")
+    p.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help=f"output directory; {OUTPUT_HELP}",
+    )
     p.add_argument("--format", default=",".join(DEFAULT_FORMATS), help="parquet,csv,jsonl")
     p.add_argument("--max-rows-per-file", type=int, default=MAX_ROWS_PER_FILE)
     p.add_argument("--time-field", help="event-time column (default: from the schema)")
@@ -234,7 +249,7 @@ def export_spec(args: argparse.Namespace) -> ExportSpec:
     return ExportSpec(
         stream=args.stream,
         schema=args.schema,
-        output=args.output,
+        output=under_home(args.output),
         store=store_uri(args),
         formats=formats,
         max_rows_per_file=args.max_rows_per_file,
@@ -325,7 +340,12 @@ def _add_join(jobs: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--schema", required=True, help="Avro schema of both sides")
     p.add_argument("--time-column", default=TIME_COLUMN)
     p.add_argument("--max-gap", type=float, metavar="SECONDS")
-    p.add_argument("--output", required=True, type=Path, help="directory of Parquet parts")
+    p.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help=f"directory of Parquet parts; {OUTPUT_HELP}",
+    )
     p.set_defaults(func=_run_join, spec_of=join_spec)
 
 
@@ -335,7 +355,7 @@ def join_spec(args: argparse.Namespace) -> StreamJoinSpec:
         SeriesSource.parse(args.right),
         args.schema,
         store_uri(args),
-        args.output,
+        under_home(args.output),
         args.time_column,
         args.max_gap,
     )

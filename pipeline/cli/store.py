@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
 
     p = stream_action(sub, "create", "create SCOPE/STREAM", cmd_create)
-    p.add_argument("--segments", type=int, default=1)
+    p.add_argument("--segments", type=segment_count, default=1, help="1 or more (default 1)")
     p.add_argument("--retention-bytes", type=int, help="keep at most this many bytes")
     p.add_argument("--retention-seconds", type=float, help="keep nothing older than this")
 
@@ -87,6 +87,19 @@ def stream_action(
     parser.add_argument("stream", metavar="SCOPE/STREAM")
     parser.set_defaults(func=func)
     return parser
+
+
+def segment_count(text: str) -> int:
+    """`--segments`: a whole number, at least 1 (argparse prints the reason as one line)."""
+    try:
+        count = int(text)
+    except ValueError:
+        msg = f"{text!r} is not a whole number of segments"
+        raise argparse.ArgumentTypeError(msg) from None
+    if count < 1:
+        msg = f"{count}: a stream has at least 1 segment"
+        raise argparse.ArgumentTypeError(msg)
+    return count
 
 
 def resolve_cut(store: StreamStore, stream: str, text: str) -> StreamCut:

@@ -51,6 +51,15 @@ def write_config(tmp_path, store_dir) -> Callable[..., Path]:
 
 
 @pytest.fixture
+def dirs(tmp_path) -> tuple[Path, Path]:
+    """Two empty directories for the files driver."""
+    a, b = tmp_path / "in-a", tmp_path / "in-b"
+    a.mkdir()
+    b.mkdir()
+    return a, b
+
+
+@pytest.fixture
 def make_config(write_config, tmp_path) -> Callable[..., CollectorSettings]:
     def make(
         instances: dict[str, dict], environ: dict | None = None, **collector
@@ -144,15 +153,29 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeou
     )
 
 
+def free_port() -> int:
+    """A loopback TCP port nothing listens on (now)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def mosquitto_binary() -> str:
+    import shutil
+
+    binary = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/sbin")
+    if binary is None:
+        pytest.skip("mosquitto is not installed: apt-get install -y mosquitto (make system-deps)")
+    return binary
+
+
 class Broker:
     """A mosquitto process on a free loopback port, with a config written for the test."""
 
-    def __init__(self, binary: str, directory: Path) -> None:
-        import socket
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+    def __init__(self, binary: str, directory: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
         conf = directory / "mosquitto.conf"
         conf.write_text(
             f"listener {self.port} 127.0.0.1\n"
@@ -189,11 +212,6 @@ class Broker:
 
 @pytest.fixture
 def mosquitto(tmp_path) -> Iterator[Broker]:
-    import shutil
-
-    binary = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/sbin")
-    if binary is None:
-        pytest.skip("mosquitto is not installed: apt-get install -y mosquitto (make system-deps)")
-    broker = Broker(binary, tmp_path)
+    broker = Broker(mosquitto_binary(), tmp_path)
     yield broker
     broker.stop()

@@ -35,14 +35,6 @@ def settle(path: Path) -> None:
     os.utime(path, ns=(old, old))
 
 
-@pytest.fixture
-def dirs(tmp_path):
-    a, b = tmp_path / "in-a", tmp_path / "in-b"
-    a.mkdir()
-    b.mkdir()
-    return a, b
-
-
 def files_config(make_config, directories, **extra):
     table = {
         "driver": "files",

@@ -13,7 +13,7 @@ import pytest
 
 from collectors.buffer import Buffer
 
-from .conftest import REPO, read_payloads, wait_for
+from .conftest import REPO, Broker, free_port, mosquitto_binary, read_payloads, run_cli, wait_for
 
 STREAM = "lab/mqtt"
 
@@ -147,3 +147,59 @@ def test_a_killed_collector_loses_no_message(write_config, store_dir, mosquitto,
     # `samples_per_event` (25) messages may still be unsent when it dies.
     assert max(counts.values()) <= 2
     assert len(duplicated) <= 3 * 25, duplicated
+
+
+def status_of(path) -> tuple[int, dict, str]:
+    result = run_cli("collect", "--config", str(path), "status", "--json", "--check")
+    (report,) = json.loads(result.stdout)
+    return result.returncode, report, result.stderr
+
+
+def test_a_broker_that_refuses_connections_is_logged_shown_and_fails_the_health_check(
+    write_config, store_dir, tmp_path
+):
+    """Issue 13: port 1 refuses; the collector says so (log, status, health check), keeps
+    retrying with backoff, stops at once when asked, and starts sending when a broker comes."""
+    port = free_port()  # closed: nothing listens there yet
+    path = write_config(
+        {"mq": mqtt_table(port, client_id="sluice-refused")},
+        unhealthy_after_seconds=2,
+        drain_timeout_seconds=20,
+    )
+    process = start_cli(path)
+
+    def refused() -> bool:
+        return any(e["source"] == "mqtt.connect" for e in status_of(path)[1]["last_errors"])
+
+    wait_for(refused, timeout=30)
+    _, report, _ = status_of(path)
+    assert report["running"] is True and report["connected"] is False
+    assert report["connection"].startswith(f"broker 127.0.0.1:{port}: cannot connect: ")
+    assert "Connection refused" in report["last_errors"][0]["message"]
+    wait_for(lambda: status_of(path)[0] == 1, timeout=30)  # after unhealthy_after_seconds
+    _, report, stderr = status_of(path)
+    assert report["healthy"] is False
+    assert "unhealthy: mq: driver disconnected for" in stderr
+
+    broker = Broker(mosquitto_binary(), tmp_path, port)  # the broker comes up: reconnect
+    try:
+        wait_for(lambda: status_of(path)[1]["connected"] is True, timeout=60)
+        wait_subscribed(port, store_dir)
+        assert status_of(path)[0] == 0  # healthy again
+        publish(port, [("sensors/x", b'{"i": 1}')])
+        wait_for(lambda: ("sensors/x", {"i": 1}) in received(store_dir))
+    finally:
+        broker.stop()
+
+    wait_for(lambda: status_of(path)[1]["connected"] is False, timeout=30)  # broker gone again
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    assert time.monotonic() - started < 10  # a broker that is down never holds shutdown up
+    log = process.stderr.read()
+    errors = [line for line in log.splitlines() if "ERROR collectors.mqtt.mq: connect:" in line]
+    assert 1 <= len(errors) <= 3, log  # logged, but at most once a minute per outage
+    assert received(store_dir) == [("sensors/x", {"i": 1})]
+    _, report, _ = status_of(path)
+    assert report["running"] is False
+    assert report["last_stop"] == "SIGTERM received; 0 events left in the buffer"

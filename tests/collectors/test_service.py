@@ -41,7 +41,7 @@ def test_sigterm_drains_the_buffer_and_status_tells_the_story(write_config, stor
 
     status = run_cli("collect", "--config", str(path), "status")
     assert status.returncode == 0, status.stderr
-    assert "gen (generator -> lab/gen): running, sender sending" in status.stdout
+    assert "gen (generator -> lab/gen): running, sender sending, healthy" in status.stdout
     assert "last committed sample: 20" in status.stdout
     assert "transactions: flush protocol (txn_protocol = auto); awaiting" in status.stdout
 
@@ -56,7 +56,7 @@ def test_sigterm_drains_the_buffer_and_status_tells_the_story(write_config, stor
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0, process.stderr.read()
     log = process.stderr.read()
-    assert "stop requested: stopping drivers and draining buffers" in log
+    assert "SIGTERM received: stopping drivers and draining buffers" in log
     assert "gen: buffer drained" in log
 
     buffer = Buffer(tmp_path / "state" / "gen.db", 10)
@@ -67,6 +67,7 @@ def test_sigterm_drains_the_buffer_and_status_tells_the_story(write_config, stor
     report = json.loads(run_cli("collect", "--config", str(path), "status", "--json").stdout)
     (gen,) = report
     assert gen["running"] is False and gen["sender_state"] == "stopped"
+    assert gen["last_stop"] == "SIGTERM received; 0 events left in the buffer"
     assert (gen["txn_protocol"], gen["txn_protocol_used"]) == ("auto", "flush")
     assert gen["depth_events"] == 0 and gen["pending_txns"] == 0
     assert gen["counters"]["samples_committed"] == next_seq
@@ -77,7 +78,7 @@ def test_status_of_an_instance_that_never_ran(write_config):
     path = write_config({"gen": {"driver": "generator", "stream": "lab/gen"}})
     result = run_cli("collect", "--config", str(path), "status")
     assert result.returncode == 0
-    assert "gen (generator -> lab/gen): not running, sender never started" in result.stdout
+    assert "gen (generator -> lab/gen): not running, never started" in result.stdout
     assert "transactions: txn_protocol = auto, not connected yet;" in result.stdout
 
 

@@ -9,6 +9,7 @@ scripts and the Dagster commands are run as processes (test_processes.py).
 
 from __future__ import annotations
 
+import json
 import re
 import stat
 import subprocess
@@ -57,8 +58,30 @@ def services(compose: dict) -> dict[str, dict]:
     return compose["services"]
 
 
+def dockerfile_instruction(dockerfile: Path, name: str) -> list[str]:
+    """The JSON (exec) form of a Dockerfile instruction (ENTRYPOINT, CMD), joined lines."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        if line.startswith(f"{name} ["):
+            return json.loads(line.removeprefix(name).strip())
+    return []
+
+
+def entrypoint(service: dict) -> list[str]:
+    """What runs before the service's command: compose's entry point, else its image's, with
+    tini (PID 1) and the platform image's secret-reading wrapper left out."""
+    if "entrypoint" in service:
+        return list(service["entrypoint"])
+    if "build" not in service:
+        return []
+    parts = dockerfile_instruction(dockerfile_of(service["build"])[1], "ENTRYPOINT")
+    if parts[:2] == ["tini", "--"]:
+        parts = parts[2:]
+    return [p for p in parts if p != "sluice-entrypoint"]
+
+
 def command(service: dict) -> list[str]:
-    parts = [*service.get("entrypoint", []), *service.get("command", [])]
+    parts = [*entrypoint(service), *service.get("command", [])]
     return [interpolate(p) for p in parts]
 
 
@@ -105,6 +128,38 @@ def test_builds_name_dockerfiles_whose_sources_exist(compose):
         assert dockerfile.is_file(), f"{dockerfile} is missing"
         for source in copy_sources(dockerfile):
             assert (context / source).exists(), f"{dockerfile.name} copies {source}: not found"
+
+
+def test_the_built_images_keep_tini_as_pid_1(compose):
+    """An `entrypoint:` in compose would replace the image's `tini --`: signals would reach
+    `sluice` as PID 1 (which ignores what it does not handle) and zombies would stay."""
+    for name, service in services(compose).items():
+        if "build" in service:
+            assert "entrypoint" not in service, name
+            dockerfile = dockerfile_of(service["build"])[1]
+            assert dockerfile_instruction(dockerfile, "ENTRYPOINT")[:2] == ["tini", "--"], name
+    assert command(services(compose)["collector"])[:2] == ["sluice", "collect"]
+
+
+def test_the_collector_health_check_is_the_status_check(compose):
+    from pipeline.cli import build_parser
+
+    check = services(compose)["collector"]["healthcheck"]["test"]
+    assert check[0] == "CMD"
+    args = build_parser("collect").parse_args(check[2:])
+    assert (args.command, args.collect_action, args.check) == ("collect", "status", True)
+    assert option(check, "--config") == option(command(services(compose)["collector"]), "--config")
+    (healthcheck,) = [
+        line
+        for line in (DOCKER / "collector.Dockerfile").read_text().replace("\\\n", " ").splitlines()
+        if line.startswith("HEALTHCHECK ")
+    ]
+    assert json.loads(healthcheck.partition(" CMD ")[2]) == check[1:]  # the image's own, too
+
+
+def test_the_systemd_unit_makes_the_collectors_files_owner_only():
+    unit = (DOCKER / "sluice-collector.service").read_text().splitlines()
+    assert "UMask=0077" in unit and "StateDirectoryMode=0700" in unit
 
 
 def test_every_platform_service_runs_the_built_image(compose):

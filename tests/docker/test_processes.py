@@ -56,6 +56,13 @@ def test_entrypoint_reads_the_postgres_secret_into_the_environment(tmp_path):
     assert out.stderr == ""
 
 
+@pytest.mark.parametrize(("group_read", "umask"), [("", "0077"), ("0", "0077"), ("1", "0027")])
+def test_entrypoint_makes_files_owner_only_unless_group_read(group_read, umask):
+    out = run_script("entrypoint.sh", "sh", "-c", "umask", SLUICE_GROUP_READ=group_read)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == umask
+
+
 def test_entrypoint_refuses_an_unreadable_secret(tmp_path):
     out = run_script("entrypoint.sh", "env", DAGSTER_PG_PASSWORD_FILE=str(tmp_path / "missing"))
     assert out.returncode == 64

@@ -1,0 +1,67 @@
+"""Files Sluice writes are owner-only (0600, directories 0700) unless SLUICE_GROUP_READ=1
+(0640/0750), issue 13: the `sluice` command sets the umask, so whatever part of Sluice writes
+(the stream store, `sluice join`, the collector) follows."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.collectors.conftest import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = {"": (0o600, 0o700), "1": (0o640, 0o750)}
+
+
+def sluice(*args: str, group_read: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"SLUICE_GROUP_READ": group_read, "PYTHONPATH": str(REPO)}
+    return run_cli(*args, env=env, cwd=cwd)
+
+
+def modes_under(root: Path) -> set[tuple[str, int]]:
+    found = {("dir", stat.S_IMODE(root.stat().st_mode))}
+    for path in root.rglob("*"):
+        kind = "dir" if path.is_dir() else "file"
+        found.add((kind, stat.S_IMODE(path.stat().st_mode)))
+    return found
+
+
+@pytest.mark.parametrize("group_read", MODES)
+def test_the_stream_store_written_by_the_command_follows_the_setting(tmp_path, group_read):
+    file_mode, dir_mode = MODES[group_read]
+    streams = tmp_path / "streams"
+    sluice(
+        "--store",
+        f"embedded:{streams}",
+        "store",
+        "create",
+        "a/b",
+        group_read=group_read,
+        cwd=tmp_path,
+    )
+    assert modes_under(streams) == {("dir", dir_mode), ("file", file_mode)}
+
+
+@pytest.mark.parametrize("group_read", MODES)
+def test_a_join_output_follows_the_setting(tmp_path, group_read):
+    (tmp_path / "l.csv").write_text("time,a\n1,2\n")
+    (tmp_path / "r.csv").write_text("time,b\n1,3\n")
+    joined = sluice(
+        "join", "l.csv", "r.csv", "-o", "out/pairs.parquet", group_read=group_read, cwd=tmp_path
+    )
+    assert joined.returncode == 0, joined.stderr
+    file_mode, dir_mode = MODES[group_read]
+    assert stat.S_IMODE((tmp_path / "out" / "pairs.parquet").stat().st_mode) == file_mode
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == dir_mode
+
+
+def test_an_unreadable_setting_is_an_error_naming_it(tmp_path):
+    result = sluice("store", "list", group_read="maybe", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr == (
+        "sluice: error: environment variable SLUICE_GROUP_READ: 'maybe' is not true or false; "
+        "use 1 or 0\n"
+    )

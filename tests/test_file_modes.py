@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 from pathlib import Path
@@ -65,3 +66,28 @@ def test_an_unreadable_setting_is_an_error_naming_it(tmp_path):
         "sluice: error: environment variable SLUICE_GROUP_READ: 'maybe' is not true or false; "
         "use 1 or 0\n"
     )
+
+
+def test_the_stream_store_used_as_a_library_makes_its_data_owner_only(tmp_path, monkeypatch):
+    """Without the command's umask (a notebook, a Dagster code location) the store still
+    creates its segment files, transaction bodies and stream directories owner-only."""
+    from pipeline.streams import open_store
+
+    monkeypatch.delenv("SLUICE_GROUP_READ", raising=False)
+    previous = os.umask(0o022)
+    try:
+        with open_store(f"embedded:{tmp_path / 's'}") as store:
+            store.create_stream("a/b", segments=2)
+            with store.writer("a/b") as writer:
+                writer.write(b"x", routing_key="k")
+            txn = store.begin_transaction("a/b")
+            txn.write(b"y", routing_key="k")
+            txn.flush()
+    finally:
+        os.umask(previous)
+    data = tmp_path / "s" / "data"
+    created = [p for p in data.rglob("*") if p.suffix in (".seg", ".body") or p.is_dir()]
+    assert any(p.suffix == ".seg" for p in created)
+    for path in created:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o077 == 0, f"{path} is {oct(mode)}"

@@ -16,6 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.config import FileModes
 from pipeline.streams.api import Event, check_event
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.embedded.binding import HeadBlock, bind, manifest_of
@@ -80,7 +81,7 @@ class Engine:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=FileModes.from_environment().directory, parents=True, exist_ok=True)
         self._files: dict[tuple[int, int], SegmentFile] = {}
         self._opened: set[int] = set()
         self.open_catalog()

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from pipeline.config import FileModes
 from pipeline.durable import fsync_dir, write_bytes
 from pipeline.streams.embedded.space import out_of_space
 
@@ -102,7 +103,7 @@ def write_manifest(root: Path, manifest: StreamManifest) -> None:
         pass
     with out_of_space(path):
         if not path.parent.exists():  # a new stream: its directory's entry made durable too
-            path.parent.mkdir(parents=True)
+            path.parent.mkdir(mode=FileModes.from_environment().directory, parents=True)
             fsync_dir(path.parent.parent)
             fsync_dir(root)
         write_bytes(path, data)

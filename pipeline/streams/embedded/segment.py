@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.config import FileModes
 from pipeline.durable import fsync_dir
 from pipeline.streams.embedded.blocks import (
     BLOCK_MAGIC,
@@ -66,8 +67,9 @@ class SegmentFile:
         if self._fd is None:
             existed = self.path.exists()
             with out_of_space(self.path):
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                modes = FileModes.from_environment()
+                self.path.parent.mkdir(mode=modes.directory, parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, modes.file)
                 if not existed:  # make the new file's and its new directory's entries durable
                     for directory in (self.path.parent, *list(self.path.parents)[1:3]):
                         fsync_dir(directory)

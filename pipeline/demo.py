@@ -295,7 +295,8 @@ def stream_counts(settings: SluiceSettings, views: dict[str, int]) -> list[Strea
 
 
 def view_rows(settings: SluiceSettings) -> dict[str, int]:
-    from pipeline.analytics.catalog import AnalyticsPaths, query
+    from pipeline.analytics.sandbox import query
+    from pipeline.analytics.sources import AnalyticsPaths
 
     paths = AnalyticsPaths(settings.home, settings.analytics_database)
     rows = {}
@@ -314,7 +315,8 @@ FROM rates GROUP BY Interface ORDER BY Interface
 
 
 def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoPlan) -> None:
-    from pipeline.analytics.catalog import AnalyticsPaths, query
+    from pipeline.analytics.sandbox import query
+    from pipeline.analytics.sources import AnalyticsPaths
     from pipeline.cli.table import render
 
     paths = AnalyticsPaths(settings.home, settings.analytics_database)

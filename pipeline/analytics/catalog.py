@@ -499,7 +499,7 @@ def _add_replays(b: _Builder, lineage: list[dict]) -> None:
     excluded = ", ".join(ident(c) for c in ("filename", "time") if c in columns)
     sql = (
         f"SELECT {identity}, {time} AS time, r.* EXCLUDE ({excluded}) "
-        f"FROM {reading} r JOIN lineage l ON r.filename = l.results_path"
+        f"FROM {reading} r JOIN lineage l ON r.filename = l.results_path AND l.results_current"
     )
     models: dict[str, list[str]] = {}
     for row in current:

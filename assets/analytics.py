@@ -19,19 +19,11 @@ from dagster import AssetExecutionContext
 from assets.keys import ANALYTICS_GROUP, ANALYTICS_KEY
 from pipeline.analytics.catalog import collect_slices, refresh, snapshot_slices
 from pipeline.analytics.plot import plot_rates
-from pipeline.analytics.sources import AnalyticsError, discover_exports
+from pipeline.analytics.sources import FIXED_VIEWS, AnalyticsError, discover_exports
 from pipeline.settings import SluiceSettings
 from resources.analytics import AnalyticsResource
 
-COUNTED_VIEWS = (
-    "samples",
-    "rates",
-    "quarantine",
-    "slices",
-    "slice_rows",
-    "lineage",
-    "replays",
-)
+COUNTED_VIEWS = tuple(v for v in FIXED_VIEWS if v != "sources")
 
 
 def view_counts(analytics: AnalyticsResource) -> dict[str, int]:

@@ -88,6 +88,18 @@ def _utc(ns: int) -> datetime:
     return EPOCH + timedelta(microseconds=ns // 1000)
 
 
+def _bounds(record: SliceRecord | LineageRecord) -> dict[str, Any]:
+    """A slice's cuts and times, as the `slices` and `lineage` snapshots hold them."""
+    return {
+        "start_time": _utc(record.start_time_ns),
+        "end_time": _utc(record.end_time_ns),
+        "start_time_ns": record.start_time_ns,
+        "end_time_ns": record.end_time_ns,
+        "start_cut": record.start_cut,
+        "end_cut": record.end_cut,
+    }
+
+
 def snapshot_slices(paths: AnalyticsPaths, found: Iterable[tuple[SliceRecord, str]]) -> int:
     """Write the slices, (record, the slices stream it was read from) pairs, as the Parquet
     file the `slices` view reads (atomic replace); each slice once; `start_time`/`end_time` as
@@ -131,12 +143,7 @@ def snapshot_slices(paths: AnalyticsPaths, found: Iterable[tuple[SliceRecord, st
             "sensor": record.sensor,
             "sensor_by": record.sensor_by,
             "time": _utc(record.start_time_ns),
-            "start_time": _utc(record.start_time_ns),
-            "end_time": _utc(record.end_time_ns),
-            "start_time_ns": record.start_time_ns,
-            "end_time_ns": record.end_time_ns,
-            "start_cut": record.start_cut,
-            "end_cut": record.end_cut,
+            **_bounds(record),
             "segments": segments,
             "reason": record.reason,
             "created_by": record.created_by,
@@ -210,12 +217,7 @@ def snapshot_lineage(paths: AnalyticsPaths) -> list[dict]:
                 "time": started,
                 "started_at": started,
                 "finished_at": datetime.fromisoformat(record.finished_at),
-                "start_time": _utc(record.start_time_ns),
-                "end_time": _utc(record.end_time_ns),
-                "start_time_ns": record.start_time_ns,
-                "end_time_ns": record.end_time_ns,
-                "start_cut": record.start_cut,
-                "end_cut": record.end_cut,
+                **_bounds(record),
                 "input_events": record.input_events,
                 "input_rows": record.input_rows,
                 "quarantined_events": record.quarantined_events,

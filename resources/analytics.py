@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from pipeline.analytics.sandbox import open_database
-from pipeline.analytics.sources import AnalyticsPaths
+from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths
 
 if TYPE_CHECKING:
     import duckdb
@@ -35,8 +35,14 @@ class AnalyticsResource(dg.ConfigurableResource):
         return AnalyticsPaths(Path(self.home), Path(self.database))
 
     @contextmanager
-    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def connect(self, read_only: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-only, sandboxed connection to the analytics database, closed when the block
         ends (`AnalyticsError` when the views were never built or are of another version)."""
+        if not read_only:
+            reason = (
+                "the analytics resource only reads; the views are rebuilt by the "
+                "analytics/duckdb_views asset (pipeline.analytics.catalog.refresh)"
+            )
+            raise AnalyticsError(str(self.database), reason)
         with open_database(self.paths) as conn:
             yield conn

@@ -16,7 +16,7 @@ import importlib
 import inspect
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,9 +151,10 @@ class LineageRecord:
         if version == 1:
             data = {**data, "params_hash": hash_params_text(data.get("params", "{}"))}
         names = {f.name for f in fields(cls)} - {"version"}
-        if missing := sorted(names - data.keys()):
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        if missing := sorted(required - data.keys()):
             raise BadLineageRecord(path, f"missing {', '.join(missing)}")
-        return cls(**{k: data[k] for k in names}, version=int(version))
+        return cls(**{k: data[k] for k in names & data.keys()}, version=int(version))
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,11 @@ def test_the_dagster_resource_gets_the_same_sandbox(paths):
             con.execute("SELECT * FROM read_csv('/etc/passwd')")
         with pytest.raises(Exception, match="locked"):
             con.execute("SET enable_external_access = true")
+    with (
+        pytest.raises(AnalyticsError, match="the analytics resource only reads"),
+        resource.connect(read_only=False),
+    ):
+        pass
 
 
 def test_a_database_of_an_older_sluice_is_refused_with_what_to_do(paths):

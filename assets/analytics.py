@@ -17,8 +17,9 @@ import dagster as dg
 from dagster import AssetExecutionContext
 
 from assets.keys import ANALYTICS_GROUP, ANALYTICS_KEY
-from pipeline.analytics.catalog import collect_slices, refresh, snapshot_slices
+from pipeline.analytics.catalog import refresh
 from pipeline.analytics.plot import plot_rates
+from pipeline.analytics.snapshots import collect_slices, snapshot_slices
 from pipeline.analytics.sources import FIXED_VIEWS, AnalyticsError, discover_exports
 from pipeline.settings import SluiceSettings
 from resources.analytics import AnalyticsResource

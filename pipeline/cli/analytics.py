@@ -72,7 +72,8 @@ def _paths() -> AnalyticsPaths:
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
-    from pipeline.analytics.catalog import collect_slices, refresh, snapshot_slices
+    from pipeline.analytics.catalog import refresh
+    from pipeline.analytics.snapshots import collect_slices, snapshot_slices
     from pipeline.analytics.sources import AnalyticsPaths, discover_exports, parse_export_option
     from pipeline.settings import load_settings
 

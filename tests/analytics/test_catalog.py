@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import cli
-from pipeline.analytics.catalog import refresh, snapshot_slices
+from pipeline.analytics.catalog import refresh
 from pipeline.analytics.sandbox import query
+from pipeline.analytics.snapshots import snapshot_slices
 from pipeline.analytics.sources import (
     AnalyticsError,
     AnalyticsPaths,

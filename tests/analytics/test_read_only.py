@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import cli
-from pipeline.analytics.catalog import refresh, snapshot_slices
+from pipeline.analytics.catalog import refresh
 from pipeline.analytics.sandbox import query
+from pipeline.analytics.snapshots import snapshot_slices
 from pipeline.analytics.sources import AnalyticsPaths, discover_exports
 from pipeline.jobs.replay import LineageRecord, hash_params_text
 from pipeline.jobs.slices import SliceRecord, record_slices

@@ -1,10 +1,12 @@
 """The analysts' DuckDB views over everything the families wrote, and the rate plot.
 
 `analytics/duckdb_views` refreshes the views of the analytics database
-(`pipeline/analytics/catalog.py`: samples, rates, quarantine, slices, lineage, replays) after
-taking a snapshot of every family's slices, and draws the NIC rate plot of each export that
-has one. It depends on every export, slices and replay asset, so the blocking checks of the
-exports and replays keep it back when they fail: analysts never see unchecked data.
+(`pipeline/analytics/catalog.py`: a view per export and per kind, samples, rates, quarantine,
+slices, slice_rows, lineage, replays, sources) after taking a snapshot of the slices of every
+store in sluice.toml, as `sluice analytics refresh` does, and draws the NIC rate plot of each
+NIC export. It depends on every export, slices and replay asset, so the blocking checks of the
+exports and replays keep it back when they fail: analysts never see unchecked data. It is the
+only asset that writes the database; the resource only reads it, in its sandbox.
 """
 
 import base64
@@ -15,33 +17,25 @@ import dagster as dg
 from dagster import AssetExecutionContext
 
 from assets.keys import ANALYTICS_GROUP, ANALYTICS_KEY
-from pipeline.analytics.catalog import (
-    AnalyticsError,
-    discover_exports,
-    refresh,
-    snapshot_slices,
-)
+from pipeline.analytics.catalog import refresh
 from pipeline.analytics.plot import plot_rates
-from pipeline.jobs.slices import SliceRecord, list_slices
+from pipeline.analytics.snapshots import collect_slices, snapshot_slices
+from pipeline.analytics.sources import FIXED_VIEWS, AnalyticsError, discover_exports
 from pipeline.settings import SluiceSettings
 from resources.analytics import AnalyticsResource
-from resources.stores import StreamStoresResource
 
-COUNTED_VIEWS = ("samples", "rates", "quarantine", "slices", "lineage", "replays")
-
-
-def all_slices(settings: SluiceSettings, stores: StreamStoresResource) -> list[SliceRecord]:
-    records: list[SliceRecord] = []
-    for family in settings.streams:
-        if family.bookmark is not None:
-            store = stores.open(family.mirror_store)
-            records += list_slices(store, family.mirror_stream, family.bookmark.slices_stream)
-    return records
+COUNTED_VIEWS = tuple(v for v in FIXED_VIEWS if v != "sources")
 
 
 def view_counts(analytics: AnalyticsResource) -> dict[str, int]:
-    with analytics.connect(read_only=True) as con:
+    with analytics.connect() as con:
         return {v: con.execute(f'SELECT count(*) FROM "{v}"').fetchone()[0] for v in COUNTED_VIEWS}
+
+
+def nic_exports(analytics: AnalyticsResource) -> set[str]:
+    with analytics.connect() as con:
+        sql = "SELECT DISTINCT export FROM samples WHERE kind = 'NetworkSamples'"
+        return {row[0] for row in con.execute(sql).fetchall()}
 
 
 def plot_markdown(png: bytes, title: str) -> dg.MetadataValue:
@@ -66,23 +60,23 @@ def analytics_asset(
         f"Open it with duckdb: {settings.analytics_database}",
     )
     def _views(
-        context: AssetExecutionContext, analytics: AnalyticsResource, stores: StreamStoresResource
+        context: AssetExecutionContext, analytics: AnalyticsResource
     ) -> dg.MaterializeResult:
         paths = analytics.paths
-        slices = all_slices(settings, stores)
-        snapshot_slices(paths, slices)
+        slices = snapshot_slices(paths, collect_slices(settings))
         sources = discover_exports(settings)
         views = refresh(paths, sources)
         metadata: dict[str, Any] = {
             "database": dg.MetadataValue.path(str(paths.database)),
             "views": dg.MetadataValue.text(", ".join(views)),
-            "slices": dg.MetadataValue.int(len(slices)),
+            "slices": dg.MetadataValue.int(slices),
         }
         metadata.update(
             {f"rows/{v}": dg.MetadataValue.int(n) for v, n in view_counts(analytics).items()}
         )
+        nics = nic_exports(analytics)
         for source in sources:
-            if f"{source.view}_rates" not in views:
+            if source.name not in nics:
                 continue
             try:
                 plot = plot_rates(paths, source)

@@ -1,9 +1,13 @@
-"""Replays: one asset per (family, model), one partition per slice, versioned by the model.
+"""Replays: one asset per (family, model), one partition per slice, versioned by the model
+and its parameters.
 
 `<family>/replay_<model>` reads a slice (its partition key is the slice id) between its two
 cuts, runs the model over it (`pipeline.jobs.replay.replay`) and writes results, metrics and
-a lineage record. Its code version is the model's, so a changed model makes every replay
-stale; a blocking check replays the slice again and wants byte-identical files.
+a lineage record under the replay's identity (slice, model, code version, parameters hash:
+`ReplayKey`), exactly as `sluice replay` does. Its code version is the model's version plus
+its parameters' hash, so a changed model or changed `params` in sluice.toml makes every
+replay stale, and the new results go beside the old ones instead of over them; a blocking
+check replays the slice again and wants byte-identical files.
 
 Delivery: exactly-once per (slice, model, version, params): a re-run replaces the same files
 with the same bytes (`pipeline/jobs/replay.py`).
@@ -67,9 +71,11 @@ def replay_metadata(result: ReplayResult, record: SliceRecord) -> dict[str, Any]
         "quarantined": dg.MetadataValue.int(lineage.quarantined_events),
         "output_rows": dg.MetadataValue.int(lineage.output_rows),
         "dagster/row_count": dg.MetadataValue.int(lineage.output_rows),
+        "run_id": dg.MetadataValue.text(lineage.run_id),
         "model": dg.MetadataValue.text(lineage.model),
         "model_version": dg.MetadataValue.text(lineage.model_version),
         "params": dg.MetadataValue.json(json.loads(lineage.params)),
+        "params_hash": dg.MetadataValue.text(lineage.params_hash),
         "results": dg.MetadataValue.path(lineage.results_path),
         "metrics": dg.MetadataValue.path(lineage.metrics_path),
         "lineage": dg.MetadataValue.path(str(Path(lineage.output_dir) / "lineage.json")),
@@ -103,6 +109,11 @@ def determinism_check(
     )
 
 
+def code_version(model: Model) -> str:
+    """The asset's code version: the model's version and its parameters (short hash)."""
+    return f"{model.version}+params-{model.params_hash.removeprefix('sha256:')[:16]}"
+
+
 def replay_asset(
     family: StreamFamily,
     model_name: str,
@@ -122,7 +133,7 @@ def replay_asset(
         group_name=family.name,
         kinds={"spark", "pandas"},
         retry_policy=SPARK_RETRY,
-        code_version=model.version,
+        code_version=code_version(model),
         check_specs=[
             dg.AssetCheckSpec(
                 DETERMINISM_CHECK,
@@ -132,9 +143,14 @@ def replay_asset(
                 "results as the files written.",
             )
         ],
-        description=f"{model.spec} (version {model.version}) over each slice of "
-        f"{family.mirror_stream}: results, metrics and lineage under $SLUICE_HOME/replays.",
-        metadata={"model": model.spec, "model_version": model.version},
+        description=f"{model.spec} (version {model.version}, parameters {model.params_text}) "
+        f"over each slice of {family.mirror_stream}: results, metrics and lineage under "
+        "$SLUICE_HOME/replays/<slice>/<model>@<version>/params-<hash>.",
+        metadata={
+            "model": model.spec,
+            "model_version": model.version,
+            "params_hash": model.params_hash,
+        },
     )
     def _replay(
         context: AssetExecutionContext, spark: SparkResource, stores: StreamStoresResource

@@ -45,6 +45,7 @@ def bookmark_spec(family: StreamFamily) -> BookmarkSpec:
         sensor_by=table.sensor_by,
         slices_stream=table.slices_stream,
         name=f"bookmark {family.name}",
+        min_samples=table.min_samples,
     )
 
 

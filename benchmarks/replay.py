@@ -184,10 +184,12 @@ def numpy_rates(root: Path) -> tuple[int, dict]:
 
 
 def duckdb_rates(work: Path, root: Path) -> tuple[int, dict]:
-    from pipeline.analytics.catalog import AnalyticsPaths, ExportSource, query, refresh
+    from pipeline.analytics.catalog import refresh
+    from pipeline.analytics.sandbox import query
+    from pipeline.analytics.sources import AnalyticsPaths, ExportSource
 
     paths = AnalyticsPaths(work, work / "analytics" / "bench.duckdb")
-    refresh(paths, [ExportSource("bench", root)])
+    refresh(paths, [ExportSource("bench", root, "bench/network", "NetworkSamples")])
     _, rows = query(
         paths,
         "SELECT RemoteAddr || '/' || Interface, max(rx_mbps), avg(rx_mbps), count(*) "

@@ -159,12 +159,18 @@ def stop_process(proc: subprocess.Popen, grace_seconds: float) -> None:
 
 class LoopbackBursts:
     """Bursts of real traffic over loopback while the NIC collector samples `lo`: every
-    `period` seconds, `size` bytes through a TCP connection on 127.0.0.1. On a quiet
-    machine they give the bookmark job bursts to find (the collector measures them like any
-    other traffic); on a busy interface the demo needs none."""
+    `period` seconds, `size` bytes through a TCP connection on 127.0.0.1, paced over
+    `seconds` (a chunk every 10 ms), so that a burst lasts long enough for many samples to
+    see it, as the bookmark's `min_samples` asks of a burst. On a quiet machine they give the
+    bookmark job bursts to find (the collector measures them like any other traffic); on a
+    busy interface the demo needs none."""
 
-    def __init__(self, period: float = 4.0, size: int = 8 * 1024 * 1024) -> None:
-        self.period, self.size = period, size
+    TICK = 0.01
+
+    def __init__(
+        self, period: float = 4.0, size: int = 8 * 1024 * 1024, seconds: float = 1.5
+    ) -> None:
+        self.period, self.size, self.seconds = period, size, seconds
         self.stop = threading.Event()
         self.server = socket.create_server(("127.0.0.1", 0))
         self.threads = [
@@ -179,10 +185,13 @@ class LoopbackBursts:
                 pass
 
     def _send(self) -> None:
-        chunk = b"\0" * (1 << 20)
+        ticks = max(1, round(self.seconds / self.TICK))
+        chunk = b"\0" * (self.size // ticks)
         with socket.create_connection(self.server.getsockname()) as conn:
             while not self.stop.wait(self.period):
-                for _ in range(self.size // len(chunk)):
+                for _ in range(ticks):
+                    if self.stop.wait(self.TICK):
+                        return
                     conn.sendall(chunk)
 
     def __enter__(self) -> LoopbackBursts:
@@ -286,7 +295,8 @@ def stream_counts(settings: SluiceSettings, views: dict[str, int]) -> list[Strea
 
 
 def view_rows(settings: SluiceSettings) -> dict[str, int]:
-    from pipeline.analytics.catalog import AnalyticsPaths, query
+    from pipeline.analytics.sandbox import query
+    from pipeline.analytics.sources import AnalyticsPaths
 
     paths = AnalyticsPaths(settings.home, settings.analytics_database)
     rows = {}
@@ -305,7 +315,8 @@ FROM rates GROUP BY Interface ORDER BY Interface
 
 
 def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoPlan) -> None:
-    from pipeline.analytics.catalog import AnalyticsPaths, query
+    from pipeline.analytics.sandbox import query
+    from pipeline.analytics.sources import AnalyticsPaths
     from pipeline.cli.table import render
 
     paths = AnalyticsPaths(settings.home, settings.analytics_database)
@@ -363,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = settings.home / "demo"
     logs.mkdir(parents=True, exist_ok=True)
     interface = pick_interface()
-    extra = " (with 8 MB loopback bursts every 4 s)" if interface == "lo" else ""
+    extra = " (with 8 MB loopback bursts of 1.5 s every 4 s)" if interface == "lo" else ""
     print(f"collecting for {plan.collect_seconds:.0f} s: NIC {interface}{extra} + generator")
     env = collector_environ(settings, interface, os.environ)
     until = time.time() + plan.collect_seconds

@@ -76,6 +76,7 @@ class BookmarkTable(_Table, kw_only=True):
     above: tuple[str, ...] = ()
     burst_mbps: float | None = None
     predicate: tuple[str, ...] = ()
+    min_samples: int = 1  # a run becomes a slice when this many samples meet a condition
     slices_stream: str = "sluice/slices"
 
 

@@ -2,8 +2,10 @@
 
 A thin wrapper over `pipeline.analytics`: `paths` is where the analytics database and the
 files it reads live (`AnalyticsPaths`), and `connect()` opens the database for the length of
-a `with` block. DuckDB lets one process write a database file at a time, so a connection is
-never held between steps (an analyst's `duckdb` shell can open it read-only in between).
+a `with` block, read-only and in the same sandbox as `sluice sql`
+(`pipeline/analytics/sandbox.py`: only Sluice's data directories, no file writes, no
+extensions, no network). Only the analytics asset rebuilds the views (`catalog.refresh`). A
+connection is never held between steps, so a refresh can take the file's write lock.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from pipeline.analytics.catalog import AnalyticsPaths
+from pipeline.analytics.sandbox import open_database
+from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths
 
 if TYPE_CHECKING:
     import duckdb
@@ -32,15 +35,14 @@ class AnalyticsResource(dg.ConfigurableResource):
         return AnalyticsPaths(Path(self.home), Path(self.database))
 
     @contextmanager
-    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection to the analytics database, closed when the block ends."""
-        import duckdb
-
-        path = Path(self.database)
+    def connect(self, read_only: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only, sandboxed connection to the analytics database, closed when the block
+        ends (`AnalyticsError` when the views were never built or are of another version)."""
         if not read_only:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        conn = duckdb.connect(str(path), read_only=read_only)
-        try:
+            reason = (
+                "the analytics resource only reads; the views are rebuilt by the "
+                "analytics/duckdb_views asset (pipeline.analytics.catalog.refresh)"
+            )
+            raise AnalyticsError(str(self.database), reason)
+        with open_database(self.paths) as conn:
             yield conn
-        finally:
-            conn.close()

@@ -1,293 +1,408 @@
-"""The analysts' DuckDB database: views over every file Sluice writes, by absolute path.
+"""The analysts' DuckDB database: views over every file Sluice writes, rebuilt by `refresh`.
 
     duckdb.connect("/home/me/.sluice/analytics/sluice.duckdb").sql("SELECT * FROM rates LIMIT 5")
 
-The file holds views only (no copied data), so it stays small and current and opens in plain
-`duckdb` with no Sluice import. Views: `samples` and one per export, `rates`, `quarantine`,
-`slices`, `lineage`, `replays`; `refresh` (run by `sluice sql` and `sluice plot`) rebuilds
-them, a source without files yet as an empty view. Each view: `DESIGN.md`, "Views"."""
+The file holds views only (no copied data), so it stays small and opens in plain `duckdb`
+with no Sluice import. `refresh` (run by `sluice analytics refresh` and the Dagster analytics
+asset, never by a query) snapshots the slices and the replay lineage to Parquet and
+(re)creates the views: one per export and per export kind, `samples`, `rates`, `quarantine`,
+`slices`, `slice_rows`, `lineage`, `replays` and `sources`, each with a `time TIMESTAMPTZ`
+column and a comment on the view and every column. Paths under the Sluice home go through
+the `sluice_path()` macro, so a copy of the home opens with one setting. Each view:
+`DESIGN.md`, "Views"."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from pipeline import durable
+from pipeline.analytics import comments
 from pipeline.analytics.rates import NIC_COLUMNS, rates_sql
-from pipeline.errors import SluiceError
-from pipeline.jobs.replay import LineageRecord
-from pipeline.jobs.slices import SliceRecord
+from pipeline.analytics.snapshots import snapshot_lineage, snapshot_slices
+from pipeline.analytics.sources import (
+    CATALOG_VERSION,
+    PARTITIONS,
+    AnalyticsError,
+    AnalyticsPaths,
+    ExportSource,
+)
 
 if TYPE_CHECKING:
-    from pipeline.settings import SluiceSettings
+    import pyarrow as pa
 
-_SQL_TYPES = {int: "BIGINT", "int": "BIGINT", str: "VARCHAR", "str": "VARCHAR"}
-QUARANTINE_COLUMNS = {
-    "_segment": "BIGINT",
-    "_offset": "BIGINT",
-    "reason": "VARCHAR",
-    "payload": "BLOB",
-}
+    from pipeline.schemas import FlattenPlan
+
+NIC_KIND = "network_samples"
 
 
-class AnalyticsError(SluiceError):
-    """The analytics database cannot be built or queried as asked."""
-
-    def __init__(self, what: str, reason: str) -> None:
-        self.what, self.reason = what, reason
-        msg = f"{what}: {reason}"
-        super().__init__(msg)
-
-
-@dataclass(frozen=True, slots=True)
-class AnalyticsPaths:
-    """Where analytics reads and writes: the database file (sluice.toml `[analytics]
-    database`, default `$SLUICE_HOME/analytics/sluice.duckdb`) and files under the home."""
-
-    home: Path
-    database: Path
-
-    @classmethod
-    def from_settings(cls, settings: SluiceSettings) -> AnalyticsPaths:
-        return cls(settings.home, settings.analytics_database)
-
-    @property
-    def slices_snapshot(self) -> Path:
-        return self.home / "analytics" / "slices.parquet"
-
-    @property
-    def lineage_dir(self) -> Path:
-        return self.home / "lineage"
-
-    @property
-    def plots_dir(self) -> Path:
-        return self.home / "plots"
-
-
-@dataclass(frozen=True, slots=True)
-class ExportSource:
-    """One export job's output directory, its name and the streams it exports."""
-
-    name: str
-    root: Path
-    streams: tuple[str, ...] = ()
-
-    @property
-    def view(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_]", "_", self.name.replace("/", "_"))
-
-    def matches(self, text: str) -> bool:
-        """True for the export's name or one of its streams."""
-        return text in (self.name, *self.streams)
-
-    @property
-    def parquet_root(self) -> Path:
-        """The directory holding the `date=`/`hour=` partitions (the root or its parquet/)."""
-        for candidate in (self.root / "parquet", self.root):
-            if any(candidate.glob("date=*")):
-                return candidate
-        return self.root
-
-    @property
-    def quarantine_root(self) -> Path:
-        for candidate in (self.root / "_quarantine", self.parquet_root / "_quarantine"):
-            if candidate.exists():
-                return candidate
-        return self.root / "_quarantine"
-
-    def parquet_glob(self) -> str | None:
-        pattern = "date=*/hour=*/*.parquet"
-        return _glob_if_any(self.parquet_root, pattern)
-
-    def quarantine_glob(self) -> str | None:
-        return _glob_if_any(self.quarantine_root, "**/*.parquet")
-
-
-def _glob_if_any(root: Path, pattern: str) -> str | None:
-    if any(root.glob(pattern)):
-        return str(root.absolute() / pattern)
-    return None
-
-
-def _sql_str(value: str | Path) -> str:
+def sql_str(value: str | Path) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def _ident(name: str) -> str:
+def ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-# --- finding the sources --------------------------------------------------------------------
-
-
-def discover_exports(
-    settings: SluiceSettings, extra: Iterable[ExportSource] = ()
-) -> list[ExportSource]:
-    """Exports named on the command line, then each `[streams.NAME]` family of sluice.toml
-    (its export directory, `exports/NAME` under the home). A name given twice keeps the first."""
-    found: dict[str, ExportSource] = {}
-    families = (
-        ExportSource(f.name, f.export_dir, (f.stream, f.mirror_stream)) for f in settings.streams
-    )
-    for source in (*extra, *families):
-        found.setdefault(source.name, source)
-    return list(found.values())
-
-
-def parse_export_option(text: str) -> ExportSource:
-    """`SCOPE/STREAM=DIR` from the command line."""
-    stream, eq, root = text.partition("=")
-    if not eq or stream.count("/") != 1 or not root:
-        reason = "expected SCOPE/STREAM=DIR, e.g. examples/network=/data/network-export"
-        msg = f"--export {text!r}"
-        raise AnalyticsError(msg, reason)
-    return ExportSource(stream, Path(root).absolute(), (stream,))
-
-
-# --- the views ------------------------------------------------------------------------------
-
-
-def _empty_view(columns: dict[str, str]) -> str:
-    cols = ", ".join(f"NULL::{sql_type} AS {_ident(name)}" for name, sql_type in columns.items())
+def _empty(columns: dict[str, str]) -> str:
+    cols = ", ".join(f"NULL::{sql_type} AS {ident(name)}" for name, sql_type in columns.items())
     return f"SELECT {cols} WHERE false"
 
 
-def _record_columns(record_type: type) -> dict[str, str]:
-    columns = {}
-    for f in fields(record_type):
-        base = str(f.type).split("|")[0].strip()
-        columns[f.name] = _SQL_TYPES.get(base, "VARCHAR")
-    return columns
+def _kind_view(schema_name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", schema_name).lower()
 
 
-def _export_views(source: ExportSource, con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """SQL of the per-export views; a NIC export also gets its rates view."""
-    views: dict[str, str] = {}
-    glob = source.parquet_glob()
-    name = _sql_str(source.name)
-    if glob is None:
-        views[source.view] = f"SELECT {name} AS export, * FROM ({_empty_view(NIC_COLUMNS)})"
+# --- the views ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _View:
+    sql: str
+    comment: str
+    columns: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Source:
+    kind: str
+    name: str
+    directory: str
+    files: int
+
+
+@dataclass(slots=True)
+class _Builder:
+    """Collects the views of one refresh, in the order they must be created."""
+
+    paths: AnalyticsPaths
+    con: duckdb.DuckDBPyConnection
+    views: dict[str, _View] = field(default_factory=dict)
+    sources: list[_Source] = field(default_factory=list)
+
+    def path(self, stored: str) -> str:
+        return f"sluice_path({sql_str(stored)})"
+
+    def columns(self, sql: str) -> list[str]:
+        return [row[0] for row in self.con.execute(f"DESCRIBE {sql}").fetchall()]
+
+    def add(self, name: str, sql: str, comment: str, docs: dict[str, str]) -> None:
+        self.views[name] = _View(sql, comment)
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {ident(name)} AS {sql}")
+        for column in self.columns(f"SELECT * FROM {ident(name)}"):
+            self.views[name].columns[column] = docs.get(column, "")
+
+
+def _schema_docs(plan: FlattenPlan) -> dict[str, str]:
+    parsed = plan.schema.parsed
+    found = parsed.get("fields", []) if isinstance(parsed, dict) else []
+    return {f["name"]: f.get("doc", "") for f in found if isinstance(f, dict)}
+
+
+def _plan_of(source: ExportSource, columns: list[str]) -> FlattenPlan | None:
+    """The export's flatten plan: of its schema, else of the bundled schema its columns fit."""
+    from pipeline.schemas import bundled_schemas, flatten_plan
+
+    if source.schema is not None:
+        return flatten_plan(source.schema, source.time_field)
+    for name in bundled_schemas():
+        plan = flatten_plan(name)
+        if columns and {c.name for c in plan.columns} <= set(columns):
+            return plan
+    return None
+
+
+_DUCK_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "double": "DOUBLE", "float": "FLOAT"}
+_DUCK_TYPES |= {"string": "VARCHAR", "bool": "BOOLEAN", "binary": "BLOB", "large_string": "VARCHAR"}
+
+
+def _typed(schema: pa.Schema) -> dict[str, str]:
+    return {f.name: _DUCK_TYPES.get(str(f.type), "VARCHAR") for f in schema}
+
+
+def _time_expr(plan: FlattenPlan | None, columns: list[str]) -> str:
+    if plan is None or plan.time is None or plan.time.name not in columns:
+        return "NULL::TIMESTAMPTZ"
+    column = ident(plan.time.name)
+    return f"make_timestamptz(({column} * {plan.time.ns_per_unit}) // 1000)"
+
+
+def _add_export(b: _Builder, source: ExportSource) -> tuple[str, str | None]:
+    """The export's view and quarantine view; returns (view, its kind: the schema's name)."""
+    name, stream = sql_str(source.name), sql_str(source.stream or "")
+    stored = b.paths.stored(source.parquet_root)
+    files = source.parquet_files()
+    b.sources.append(_Source("export", source.name, stored, files))
+    reading = (
+        f"read_parquet({b.path(f'{stored}/{PARTITIONS}')}, hive_partitioning = true, "
+        "union_by_name = true)"
+    )
+    columns = b.columns(f"SELECT * FROM {reading}") if files else []
+    plan = _plan_of(source, columns)
+    if not files:
+        typed = _typed(plan.arrow_schema) if plan is not None else {}
+        typed = {**typed, **dict.fromkeys(("_segment", "_offset", "_sample"), "BIGINT")}
+        reading = f"({_empty({**typed, 'date': 'DATE', 'hour': 'BIGINT'})})"
+        columns = list(typed)
+    kind = plan.name if plan is not None else None
+    sql = f"SELECT {name} AS export, {stream} AS stream, {_time_expr(plan, columns)} AS time, *"
+    docs = dict(comments.EXPORT)
+    if plan is not None:
+        schema_docs = _schema_docs(plan)
+        for column in plan.columns:
+            doc = schema_docs.get(column.name)
+            docs[column.name] = comments.data_column(kind, column.name, doc)
+    docs = {**{c: comments.data_column(kind, c, None) for c in columns}, **docs}
+    description = comments.export_view(source.name, source.stream, stored)
+    b.add(source.view, f"{sql} FROM {reading}", description, docs)
+    _add_quarantine(b, source)
+    return source.view, kind
+
+
+def _add_quarantine(b: _Builder, source: ExportSource) -> None:
+    from pipeline.schemas.flatten import QUARANTINE_SCHEMA
+
+    stored = b.paths.stored(source.quarantine_root)
+    files = source.quarantine_files()
+    b.sources.append(_Source("quarantine", source.name, stored, files))
+    reading = f"read_parquet({b.path(f'{stored}/**/*.parquet')}, union_by_name = true)"
+    if not files:
+        reading = f"({_empty(_typed(QUARANTINE_SCHEMA))})"
+    columns = b.columns(f"SELECT * FROM {reading}")
+    time = (
+        "make_timestamptz(_ingest_time_ns // 1000)"
+        if "_ingest_time_ns" in columns
+        else "NULL::TIMESTAMPTZ"
+    )
+    sql = f"SELECT {sql_str(source.name)} AS export, {time} AS time, * FROM {reading}"
+    b.add(
+        f"{source.view}_quarantine",
+        sql,
+        comments.quarantine_view(source.name),
+        comments.QUARANTINE,
+    )
+
+
+def _union(views: Iterable[str], select: str = "*") -> str:
+    return " UNION ALL BY NAME ".join(f"SELECT {select} FROM {ident(v)}" for v in views)
+
+
+def _add_kinds(b: _Builder, kinds: dict[str, list[str]]) -> None:
+    """A view per kind (`NetworkSamples` -> `network_samples`): its exports' views, united."""
+    for kind, views in kinds.items():
+        name = _kind_view(kind)
+        if name in b.views:  # an export already has this name: the kind view gives way
+            continue
+        docs = b.views[views[0]].columns
+        b.add(name, _union(views), comments.kind_view(kind, views), docs)
+
+
+def _add_samples(b: _Builder, exports: dict[str, str | None]) -> None:
+    parts = [
+        f"SELECT export, {sql_str(kind or '')} AS kind, stream, time, date, hour, "
+        f"_segment::BIGINT AS _segment, _offset::BIGINT AS _offset, "
+        f"_sample::BIGINT AS _sample FROM {ident(view)}"
+        for view, kind in exports.items()
+    ]
+    typed = dict.fromkeys(("export", "kind", "stream"), "VARCHAR")
+    typed |= {"time": "TIMESTAMPTZ", "date": "DATE", "hour": "BIGINT"}
+    typed |= dict.fromkeys(("_segment", "_offset", "_sample"), "BIGINT")
+    sql = " UNION ALL ".join(parts) if parts else _empty(typed)
+    b.add("samples", sql, comments.VIEWS["samples"], comments.EXPORT)
+
+
+def _add_rates(b: _Builder) -> None:
+    if NIC_KIND in b.views:
+        relation = ident(NIC_KIND)
     else:
-        views[source.view] = (
-            f"SELECT {name} AS export, * FROM read_parquet({_sql_str(glob)}, "
-            "hive_partitioning = true, union_by_name = true)"
+        typed = {"export": "VARCHAR", "stream": "VARCHAR", "time": "TIMESTAMPTZ", **NIC_COLUMNS}
+        relation = f"({_empty(typed)})"
+    b.add("rates", rates_sql(relation), comments.VIEWS["rates"], comments.RATES)
+
+
+def _add_quarantine_union(b: _Builder, sources: list[ExportSource]) -> None:
+    from pipeline.schemas.flatten import QUARANTINE_SCHEMA
+
+    views = [f"{s.view}_quarantine" for s in sources]
+    typed = {"export": "VARCHAR", "time": "TIMESTAMPTZ", **_typed(QUARANTINE_SCHEMA)}
+    sql = _union(views) if views else _empty(typed)
+    b.add("quarantine", sql, comments.VIEWS["quarantine"], comments.QUARANTINE)
+
+
+def _add_snapshots(b: _Builder) -> None:
+    slices = b.paths.stored(b.paths.slices_snapshot)
+    lineage = b.paths.stored(b.paths.lineage_snapshot)
+    b.sources.append(_Source("snapshot", "slices", str(Path(slices).parent), 1))
+    b.add(
+        "slices",
+        f"SELECT * FROM read_parquet({b.path(slices)})",
+        comments.VIEWS["slices"],
+        comments.SLICES,
+    )
+    b.add(
+        "lineage",
+        "SELECT run_id, slice_id, stream, sensor, model, model_version, params::JSON AS params, "
+        "params_hash, time, started_at, finished_at, start_time, end_time, start_cut, end_cut, "
+        "input_events, input_rows, quarantined_events, output_rows, "
+        "sluice_path(output_dir) AS output_dir, sluice_path(results_file) AS results_path, "
+        "sluice_path(metrics_file) AS metrics_path, results_current, version "
+        f"FROM read_parquet({b.path(lineage)})",
+        comments.VIEWS["lineage"],
+        comments.LINEAGE,
+    )
+
+
+def _add_slice_rows(b: _Builder) -> None:
+    sql = """
+        WITH ranges AS (
+            SELECT slice_id, stream, start_time, end_time, unnest(segments, recursive := true)
+            FROM slices
         )
-    columns = {row[0] for row in con.execute(f"DESCRIBE {views[source.view]}").fetchall()}
-    if {"RemoteAddr", "Interface", "TimestampNanos", "RxBytes", "TxBytes"} <= columns:
-        views[f"{source.view}_rates"] = rates_sql(f"({views[source.view]})")
-    qglob = source.quarantine_glob()
-    views[f"{source.view}_quarantine"] = (
-        f"SELECT {name} AS export, * FROM read_parquet({_sql_str(qglob)}, union_by_name = true)"
-        if qglob
-        else f"SELECT {name} AS export, * FROM ({_empty_view(QUARANTINE_COLUMNS)})"
+        SELECT r.slice_id, s.export, s.stream, s.time, s._segment, s._offset, s._sample,
+               s.time BETWEEN r.start_time AND r.end_time AS in_window
+        FROM ranges r JOIN samples s
+          ON s.stream = r.stream AND s._segment = r.segment
+         AND s._offset >= r.start_offset AND s._offset < r.end_offset
+    """
+    b.add("slice_rows", sql, comments.VIEWS["slice_rows"], comments.SLICE_ROWS)
+
+
+def _add_replays(b: _Builder, lineage: list[dict]) -> None:
+    current = [row for row in lineage if row["results_current"]]
+    files = list(dict.fromkeys(row["results_file"] for row in current))
+    replays = b.paths.stored(b.paths.replays_dir)
+    inside = [f for f in files if f.startswith(f"{replays}/")]
+    b.sources.append(_Source("replays", "replays", replays, len(inside)))
+    for directory in sorted({str(Path(f).parent) for f in files if f not in inside}):
+        b.sources.append(_Source("replays", "replays (--output)", directory, 1))
+    identity = "l.run_id, l.slice_id, l.model, l.model_version, l.params_hash"
+    if not files:
+        typed = dict.fromkeys(("run_id", "slice_id", "model", "model_version"), "VARCHAR")
+        sql = _empty({**typed, "params_hash": "VARCHAR", "time": "TIMESTAMPTZ"})
+        b.add("replays", sql, comments.VIEWS["replays"], comments.REPLAYS)
+        return
+    listed = "[" + ", ".join(b.path(f) for f in files) + "]"
+    reading = f"read_parquet({listed}, union_by_name = true, filename = true)"
+    columns = b.columns(f"SELECT * FROM {reading}")
+    times = []
+    if "time" in columns:
+        times.append("r.time::TIMESTAMPTZ")
+    if "second" in columns:
+        times.append("to_timestamp(r.second)")
+    time = f"coalesce({', '.join(times)})" if times else "NULL::TIMESTAMPTZ"
+    excluded = ", ".join(ident(c) for c in ("filename", "time") if c in columns)
+    sql = (
+        f"SELECT {identity}, {time} AS time, r.* EXCLUDE ({excluded}) "
+        f"FROM {reading} r JOIN lineage l ON r.filename = l.results_path AND l.results_current"
     )
-    return views
+    models: dict[str, list[str]] = {}
+    for row in current:
+        models.setdefault(row["model"], [])
+    docs = {c: comments.result_column(c, sorted(models)) for c in columns}
+    b.add("replays", sql, comments.VIEWS["replays"], {**docs, **comments.REPLAYS})
 
 
-def _union(view_names: list[str], empty: str) -> str:
-    if not view_names:
-        return empty
-    return " UNION ALL BY NAME ".join(f"SELECT * FROM {_ident(v)}" for v in view_names)
+def _add_sources(b: _Builder, now: datetime) -> None:
+    rows = ", ".join(
+        f"({sql_str(s.kind)}, {sql_str(s.name)}, {sql_str(s.directory)}, {s.files})"
+        for s in b.sources
+    )
+    stamp = f"TIMESTAMPTZ {sql_str(now.isoformat())}"
+    sql = (
+        "SELECT kind, name, directory, sluice_path(directory) AS location, files, "
+        f"{stamp} AS time FROM (VALUES {rows}) t(kind, name, directory, files)"
+    )
+    b.add("sources", sql, comments.VIEWS["sources"], comments.SOURCES)
 
 
-def _lineage_view(paths: AnalyticsPaths) -> str:
-    columns = _record_columns(LineageRecord)
-    glob = _glob_if_any(paths.lineage_dir, "*.json")
-    if glob is None:
-        return _empty_view(columns)
-    spec = ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items())
-    return f"SELECT * FROM read_json({_sql_str(glob)}, columns = {{{spec}}})"
-
-
-def _replays_view(paths: AnalyticsPaths) -> str:
-    """Results of every replay its lineage names, joined to the run that made them."""
-    results = []
-    for record_path in sorted(paths.lineage_dir.glob("*.json")):
-        record = json.loads(record_path.read_text())
-        if Path(record.get("results_path", "")).exists():
-            results.append(record["results_path"])
-    if not results:
-        return _empty_view({"slice_id": "VARCHAR", "model": "VARCHAR", "model_version": "VARCHAR"})
-    files = "[" + ", ".join(_sql_str(p) for p in results) + "]"
+def _path_macro(home: Path) -> str:
     return (
-        "SELECT l.slice_id, l.model, l.model_version, r.* EXCLUDE (filename) "
-        f"FROM read_parquet({files}, union_by_name = true, filename = true) r "
-        "JOIN lineage l ON r.filename = l.results_path"
+        "CREATE OR REPLACE MACRO sluice_path(p) AS CASE WHEN starts_with(p, '/') THEN p "
+        f"ELSE coalesce(getvariable('sluice_home'), {sql_str(home.absolute())}) || '/' || p END"
     )
 
 
-def _slices_view(paths: AnalyticsPaths) -> str:
-    if paths.slices_snapshot.exists():
-        return f"SELECT * FROM read_parquet({_sql_str(paths.slices_snapshot.absolute())})"
-    times = {"start_time": "TIMESTAMPTZ", "end_time": "TIMESTAMPTZ"}
-    return _empty_view({**_record_columns(SliceRecord), **times})
+def _open_for_writing(database: Path) -> duckdb.DuckDBPyConnection:
+    database.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return duckdb.connect(str(database))
+    except duckdb.IOException as exc:
+        reason = f"{exc} (is another process using it? close it and retry)"
+        msg = f"cannot open {database}"
+        raise AnalyticsError(msg, reason) from None
 
 
-def snapshot_slices(paths: AnalyticsPaths, records: list[SliceRecord]) -> None:
-    """Write the slices as the Parquet file the `slices` view reads (atomic replace), with
-    `start_time`/`end_time` as timestamps next to the nanosecond fields."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    arrow_types = {"BIGINT": pa.int64(), "VARCHAR": pa.string()}
-    fields_ = [(name, arrow_types[t]) for name, t in _record_columns(SliceRecord).items()]
-    table = pa.Table.from_pylist([asdict(r) for r in records], schema=pa.schema(fields_))
-    for name in ("start_time", "end_time"):
-        stamps = table[f"{name}_ns"].cast(pa.timestamp("ns", tz="UTC"))
-        table = table.append_column(name, stamps)
-    with durable.atomic_path(paths.slices_snapshot) as staging:
-        pq.write_table(table, staging)
+def _build(b: _Builder, exports: list[ExportSource], lineage: list[dict]) -> None:
+    kinds: dict[str, list[str]] = {}
+    made: dict[str, str | None] = {}
+    for source in exports:
+        view, kind = _add_export(b, source)
+        made[view] = kind
+        if kind is not None:
+            kinds.setdefault(kind, []).append(view)
+    _add_kinds(b, kinds)
+    _add_samples(b, made)
+    _add_rates(b)
+    _add_quarantine_union(b, exports)
+    _add_snapshots(b)
+    _add_slice_rows(b)
+    _add_replays(b, lineage)
+    _add_sources(b, datetime.now(tz=UTC))
 
 
 def refresh(paths: AnalyticsPaths, exports: list[ExportSource]) -> list[str]:
-    """(Re)create every view in the database file; return the view names."""
-    paths.database.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(str(paths.database))
-    except duckdb.IOException as exc:
-        reason = f"{exc} (is another process writing to it? close it and retry)"
-        msg = f"cannot open {paths.database}"
-        raise AnalyticsError(msg, reason) from None
-    try:
-        views: dict[str, str] = {}
-        for source in exports:
-            views.update(_export_views(source, con))
-        sample_views = [s.view for s in exports]
-        views["samples"] = _union(sample_views, _empty_view({"export": "VARCHAR", **NIC_COLUMNS}))
-        rate_views = [f"{s.view}_rates" for s in exports if f"{s.view}_rates" in views]
-        empty_samples = _empty_view({"export": "VARCHAR", **NIC_COLUMNS})
-        views["rates"] = _union(rate_views, rates_sql(f"({empty_samples})"))
-        views["quarantine"] = _union(
-            [f"{s.view}_quarantine" for s in exports],
-            _empty_view({"export": "VARCHAR", **QUARANTINE_COLUMNS}),
-        )
-        views["slices"] = _slices_view(paths)
-        views["lineage"] = _lineage_view(paths)
-        views["replays"] = _replays_view(paths)
-        con.execute("BEGIN")
-        for name, sql in views.items():
-            con.execute(f"CREATE OR REPLACE VIEW {_ident(name)} AS {sql}")
-        con.execute("COMMIT")
-        return list(views)
-    finally:
-        con.close()
+    """Snapshot the lineage (and, if there is none yet, an empty slices snapshot), then
+    (re)create every view, and drop views of exports no longer known; return the view names.
 
-
-def query(paths: AnalyticsPaths, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run one SQL statement on the database; column names and rows."""
-    con = duckdb.connect(str(paths.database), read_only=True)
+    The views are first made as temporary views, which checks every one of them; the file's
+    views are then replaced in one transaction, so a failed refresh leaves them as they were."""
+    if not paths.slices_snapshot.exists():
+        snapshot_slices(paths, [])
+    lineage = snapshot_lineage(paths)
+    con = _open_for_writing(paths.database)
     try:
-        cursor = con.execute(sql)
-        columns = [d[0] for d in cursor.description or ()]
-        return columns, cursor.fetchall() if columns else []
+        con.execute(f"SET VARIABLE sluice_home = {sql_str(paths.home.absolute())}")
+        con.execute(_path_macro(paths.home).replace("MACRO", "TEMP MACRO", 1))
+        builder = _Builder(paths, con)
+        _build(builder, exports, lineage)
+        _commit(con, paths, builder.views)
+        return list(builder.views)
     except duckdb.Error as exc:
-        msg = "query failed"
+        msg = f"cannot build the views of {paths.database}"
         raise AnalyticsError(msg, str(exc).splitlines()[0]) from None
     finally:
         con.close()
+
+
+def _commit(con: duckdb.DuckDBPyConnection, paths: AnalyticsPaths, views: dict) -> None:
+    stale = con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+        "AND database_name = current_database()"
+    ).fetchall()
+    con.execute("BEGIN")
+    for (name,) in stale:
+        if name not in views:
+            con.execute(f"DROP VIEW {ident(name)}")
+    con.execute(_path_macro(paths.home))
+    con.execute(f"CREATE OR REPLACE MACRO sluice_catalog_version() AS {CATALOG_VERSION}")
+    for name, view in views.items():
+        con.execute(f"DROP VIEW IF EXISTS temp.{ident(name)}")
+        con.execute(f"CREATE OR REPLACE VIEW main.{ident(name)} AS {view.sql}")
+        con.execute(f"COMMENT ON VIEW main.{ident(name)} IS {sql_str(view.comment)}")
+        for column, doc in view.columns.items():
+            target = f"main.{ident(name)}.{ident(column)}"
+            con.execute(f"COMMENT ON COLUMN {target} IS {sql_str(doc or column)}")
+    con.execute("COMMIT")
+
+
+def view_rows(paths: AnalyticsPaths, views: Iterable[str]) -> dict[str, Any]:
+    """Row counts of `views` (through the read-only sandbox)."""
+    from pipeline.analytics.sandbox import open_database
+
+    with open_database(paths) as con:
+        return {v: con.execute(f"SELECT count(*) FROM {ident(v)}").fetchone()[0] for v in views}

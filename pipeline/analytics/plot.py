@@ -15,8 +15,9 @@ import duckdb
 import numpy as np
 
 from pipeline import durable
-from pipeline.analytics.catalog import AnalyticsError, AnalyticsPaths, ExportSource
 from pipeline.analytics.rates import rates_sql
+from pipeline.analytics.sandbox import open_database
+from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths, ExportSource
 
 DEFAULT_MAX_POINTS = 200_000
 
@@ -37,6 +38,26 @@ def _window_sql(view: str, start_ns: int | None, end_ns: int | None) -> str:
         where.append(f"TimestampNanos < {int(end_ns)}")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     return f'(SELECT * FROM "{view}"{clause})'
+
+
+def _too_few(
+    con: duckdb.DuckDBPyConnection,
+    source: ExportSource,
+    samples: int,
+    start_ns: int | None,
+    end_ns: int | None,
+) -> str:
+    """Why there is nothing to plot, and where Sluice looked."""
+    if start_ns is not None or end_ns is not None:
+        return f"{samples} sample(s) in the chosen window: a rate needs two; widen --from/--to"
+    looked = con.execute(
+        "SELECT location, files FROM sources WHERE kind = 'export' AND name = ?", [source.name]
+    ).fetchall()
+    where = ", ".join(f"{loc} ({files} files at the last refresh)" for loc, files in looked)
+    return (
+        f"{samples} sample(s) exported: a rate needs two. Sluice looked in {where or 'nowhere'}; "
+        "export the stream there (`sluice run export`), then `sluice analytics refresh`"
+    )
 
 
 def _points(
@@ -69,20 +90,23 @@ def plot_rates(
     output: Path | None = None,
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> RatePlot:
-    """Write a PNG scatter of rx and tx Mbit/s over time for one exported stream."""
-    con = duckdb.connect(str(paths.database), read_only=True)
-    try:
+    """Write a PNG scatter of rx and tx Mbit/s over time for one exported stream (read from
+    the database in its sandbox; the chart is the only file written)."""
+    with open_database(paths) as con:
+        views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+        if source.view not in views:
+            reason = f"the database has no view {source.view!r}: run `sluice analytics refresh`"
+            msg = f"cannot plot rates of {source.name}"
+            raise AnalyticsError(msg, reason)
         window = _window_sql(source.view, start_ns, end_ns)
         samples = con.sql(f"SELECT count(*) FROM {window}").fetchall()[0][0]
         if samples < 2:
-            reason = (
-                f"{samples} sample(s) in the chosen window: a rate needs two; widen --from/--to"
-            )
             msg = f"cannot plot rates of {source.name}"
-            raise AnalyticsError(msg, reason)
+            raise AnalyticsError(
+                msg,
+                _too_few(con, source, samples, start_ns, end_ns),
+            )
         data, bucket = _points(con, rates_sql(window), samples, max_points)
-    finally:
-        con.close()
     output = output or paths.plots_dir / f"{source.view}_rates.png"
     _draw(data, source.name, samples, bucket, output)
     return RatePlot(output, len(data["t"]), samples, bucket)

@@ -2,8 +2,8 @@
 previous sample of the same NIC (the columns the Pravega Sensor Collector's NIC walkthrough
 adds in a spreadsheet).
 
-Window functions over each `RemoteAddr` + `Interface`, ordered by sample time then stream
-position. A first sample or a zero interval gives NULL rates; a counter that goes backwards
+Window functions over each export's `RemoteAddr` + `Interface`, ordered by sample time then
+stream position. A first sample or a zero interval gives NULL rates; a counter that goes backwards
 (a reboot, a wrap) gives a NULL rate and `counter_reset`, never a huge negative one
 (`DESIGN.md`, "Per-sample network rates")."""
 
@@ -20,7 +20,9 @@ NIC_COLUMNS = {
     "_sample": "BIGINT",
 }
 
-_WINDOW = "PARTITION BY RemoteAddr, Interface ORDER BY TimestampNanos, _segment, _offset, _sample"
+_WINDOW = (
+    "PARTITION BY export, RemoteAddr, Interface ORDER BY TimestampNanos, _segment, _offset, _sample"
+)
 
 
 def _rate(counter: str) -> str:
@@ -31,10 +33,9 @@ def _rate(counter: str) -> str:
 
 def rates_sql(relation: str) -> str:
     """SELECT computing the rates over `relation` (a table, view or parenthesized query with
-    the NIC columns and `export`)."""
+    the NIC columns, `export`, `stream` and `time`)."""
     return f"""
-        SELECT export, RemoteAddr, Interface, TimestampNanos,
-               make_timestamp_ns(TimestampNanos) AS time,
+        SELECT export, stream, time, RemoteAddr, Interface, TimestampNanos,
                RxBytes, TxBytes,
                (TimestampNanos - lag(TimestampNanos) OVER w) / 1e9 AS interval_s,
                {_rate("RxBytes")} AS rx_mbps,

@@ -1,46 +1,33 @@
-"""`sluice sql`, `sluice plot rates` and `sluice analytics refresh`."""
+"""`sluice sql`, `sluice plot rates` and `sluice analytics refresh`.
+
+`sql` and `plot` only read the database, in its sandbox (`pipeline/analytics/sandbox.py`);
+`analytics refresh` is the one command that rebuilds its views."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.analytics.catalog import (
-    AnalyticsError,
-    AnalyticsPaths,
-    ExportSource,
-    discover_exports,
-    parse_export_option,
-    query,
-    refresh,
-    snapshot_slices,
-)
-from pipeline.jobs.slices import DEFAULT_SLICES_STREAM
+if TYPE_CHECKING:
+    import duckdb
 
-
-def _add_source_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--export",
-        action="append",
-        default=[],
-        metavar="SCOPE/STREAM=DIR",
-        help="an export directory to include (repeatable); the exports of every "
-        "[streams.NAME] in sluice.toml are included anyway",
-    )
-    p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
+    from pipeline.analytics.sources import AnalyticsPaths
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sql",
         help="run SQL on the analytics database (DuckDB views over exports, rates, "
-        "quarantine, slices, replays, lineage)",
+        "quarantine, slices, replays, lineage); read-only",
+        description="Read-only SQL on the analytics database: SELECT, EXPLAIN, PRAGMA, CALL. "
+        "It reads only Sluice's data directories (SELECT * FROM sources); it never rebuilds the "
+        "views (sluice analytics refresh does).",
     )
     p.add_argument("sql", help='e.g. "SELECT Interface, max(rx_mbps) FROM rates GROUP BY 1"')
     p.add_argument("--json", action="store_true", help="one JSON object per row")
     p.add_argument("--max-rows", type=int, default=100, help="rows to print (0: all)")
-    _add_source_options(p)
     p.set_defaults(func=cmd_sql)
 
     p = subparsers.add_parser("plot", help="charts from the analytics database")
@@ -51,70 +38,111 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--to", dest="end", metavar="TIME")
     r.add_argument("--output", "-o", type=Path, help="PNG path (default under $SLUICE_HOME/plots)")
     r.add_argument("--max-points", type=int, default=200_000)
-    _add_source_options(r)
     r.set_defaults(func=cmd_plot_rates)
 
     p = subparsers.add_parser("analytics", help="the DuckDB analytics database")
     sub = p.add_subparsers(dest="analytics_command", required=True, metavar="ACTION")
-    r = sub.add_parser("refresh", help="rebuild the views; print the database path and views")
-    _add_source_options(r)
+    r = sub.add_parser(
+        "refresh",
+        help="rebuild the views; print the database, where each export was looked for, the views",
+        description="Snapshot the slices of every store in sluice.toml (and --store, if given) "
+        "and the replay lineage, and rebuild every view of the analytics database.",
+    )
+    r.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="SCOPE/STREAM=DIR",
+        help="an export directory to include (repeatable); the exports of sluice.toml and every "
+        "export run's record are included anyway",
+    )
+    r.add_argument(
+        "--slices-stream",
+        metavar="SCOPE/STREAM",
+        help="also read slices from this stream (besides sluice/slices and each bookmark's)",
+    )
     r.set_defaults(func=cmd_refresh)
 
 
-def _refresh(args: argparse.Namespace) -> tuple[AnalyticsPaths, list[ExportSource], list[str]]:
-    from pipeline.jobs.slices import list_slices
+def _paths() -> AnalyticsPaths:
+    from pipeline.analytics.sources import AnalyticsPaths
     from pipeline.settings import load_settings
-    from pipeline.streams import open_store
+
+    return AnalyticsPaths.from_settings(load_settings())
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    from pipeline.analytics.catalog import refresh
+    from pipeline.analytics.snapshots import collect_slices, snapshot_slices
+    from pipeline.analytics.sources import AnalyticsPaths, discover_exports, parse_export_option
+    from pipeline.settings import load_settings
 
     settings = load_settings()
     paths = AnalyticsPaths.from_settings(settings)
     extra = [parse_export_option(text) for text in args.export]
     exports = discover_exports(settings, extra)
-    with open_store(args.store) as store:
-        snapshot_slices(paths, list_slices(store, None, args.slices_stream))
-    return paths, exports, refresh(paths, exports)
-
-
-def cmd_refresh(args: argparse.Namespace) -> int:
-    paths, exports, views = _refresh(args)
+    slices = snapshot_slices(paths, collect_slices(settings, args.store, args.slices_stream))
+    views = refresh(paths, exports)
     print(f"database: {paths.database}")
     for source in exports:
-        print(f"export:   {source.name} <- {source.root}")
+        files = source.parquet_files()
+        state = f"{files} files" if files else "no files yet"
+        print(f"export:   {source.name} <- {source.parquet_root} ({state})")
+    print(f"slices:   {slices}")
     print(f"views:    {', '.join(views)}")
     return 0
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    import sys
+
+    from pipeline.analytics.sandbox import open_database, run
     from pipeline.cli.table import render
 
-    paths, _, _ = _refresh(args)
-    columns, rows = query(paths, args.sql)
+    with open_database(_paths()) as con:
+        columns, rows = run(con, args.sql)
+        empty = [] if rows else _sources_without_files(con)
     if args.json:
         for row in rows:
             print(json.dumps(dict(zip(columns, row, strict=True)), default=str))
     elif columns:
         print(render(columns, rows, args.max_rows))
+    for name, location in empty:
+        print(f"note: no exported files of {name} in {location}", file=sys.stderr)
     return 0
+
+
+def _sources_without_files(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    sql = "SELECT name, location FROM sources WHERE kind = 'export' AND files = 0"
+    return [(name, location) for name, location in con.execute(sql).fetchall()]
 
 
 def cmd_plot_rates(args: argparse.Namespace) -> int:
     from pipeline.analytics.plot import plot_rates
+    from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths, discover_exports
     from pipeline.jobs.slices import parse_time_ns
+    from pipeline.settings import load_settings
 
-    paths, exports, _ = _refresh(args)
+    settings = load_settings()
+    exports = discover_exports(settings)
     source = next((s for s in exports if s.matches(args.stream)), None)
     if source is None:
         known = ", ".join(s.name for s in exports) or "none"
         reason = (
-            f"no export of it is known (known: {known}); pass --export {args.stream}=DIR "
-            "or export it with `sluice run export`"
+            f"no export of it is known (known: {known}); export it with `sluice run export`, "
+            f"or include its directory with `sluice analytics refresh --export {args.stream}=DIR`"
         )
         msg = f"cannot plot {args.stream}"
         raise AnalyticsError(msg, reason)
     start = parse_time_ns(args.start) if args.start else None
     end = parse_time_ns(args.end) if args.end else None
     result = plot_rates(
-        paths, source, start_ns=start, end_ns=end, output=args.output, max_points=args.max_points
+        AnalyticsPaths.from_settings(settings),
+        source,
+        start_ns=start,
+        end_ns=end,
+        output=args.output,
+        max_points=args.max_points,
     )
     print(f"wrote {result.path} ({result.points:,} points from {result.samples:,} samples)")
     return 0

@@ -103,6 +103,8 @@ def _run_replay(args: argparse.Namespace) -> int:
                 "input_rows": lineage.input_rows,
                 "output_rows": lineage.output_rows,
                 "model_version": lineage.model_version,
+                "params": json.loads(lineage.params),
+                "params_hash": lineage.params_hash,
             }
         )
     )

@@ -301,6 +301,7 @@ def _add_bookmark(jobs: argparse._SubParsersAction, common: argparse.ArgumentPar
     p.add_argument("--above", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--burst-mbps", type=float, help="NIC rx or tx rate above this")
     p.add_argument("--predicate", action="append", default=[], metavar="MODULE:FUNCTION")
+    p.add_argument("--min-samples", type=int, default=1, help="samples a slice needs (1)")
     p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar=STREAM_HELP)
     p.add_argument(
         "--name",
@@ -320,6 +321,7 @@ def bookmark_spec(args: argparse.Namespace) -> BookmarkSpec:
         args.sensor_by,
         args.slices_stream,
         args.name,
+        args.min_samples,
     )
 
 

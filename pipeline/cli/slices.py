@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.jobs.slices import SliceExtent, SliceRecord
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="routing_key",
         help="what names a sensor: routing_key, or columns such as RemoteAddr,Interface",
     )
+    c.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="record the slice even when no event lies in the window (refused by default)",
+    )
     c.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
     c.set_defaults(func=_run_slices_create)
     ls = sub.add_parser("list", help="the slices of STREAM")
@@ -39,7 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_slices_create(args: argparse.Namespace) -> int:
-    from pipeline.jobs.slices import parse_time_ns, record_slices, time_window_slice
+    from pipeline.jobs.slices import (
+        EmptySlice,
+        SliceExtent,
+        parse_time_ns,
+        record_slices,
+        time_window_slice,
+    )
     from pipeline.streams import open_store
 
     start, end = parse_time_ns(args.start), parse_time_ns(args.end)
@@ -47,24 +62,31 @@ def _run_slices_create(args: argparse.Namespace) -> int:
         record = time_window_slice(
             store, args.stream, start, end, sensor=args.sensor, sensor_by=args.sensor_by
         )
+        extent = SliceExtent.of(store, record)
+        if extent.events == 0 and not args.allow_empty:
+            raise EmptySlice(record)
         written = record_slices(store, [record], args.slices_stream)
     status = "created" if written else "exists"
-    print(json.dumps({"status": status, **record.row()}))
+    print(json.dumps({"status": status, **_row(record, extent)}))
     return 0
+
+
+def _row(record: SliceRecord, extent: SliceExtent) -> dict:
+    return {**record.row(), "events": extent.events, "bytes": extent.bytes}
 
 
 def _run_slices_list(args: argparse.Namespace) -> int:
     from pipeline.cli.table import render
-    from pipeline.jobs.slices import list_slices
+    from pipeline.jobs.slices import SliceExtent, list_slices
     from pipeline.streams import open_store
 
     with open_store(args.store) as store:
         records = list_slices(store, args.stream, args.slices_stream)
+        rows = [_row(r, SliceExtent.of(store, r)) for r in records]
     if args.json:
-        for record in records:
-            print(json.dumps(record.row()))
+        for row in rows:
+            print(json.dumps(row))
         return 0
-    columns = ["slice_id", "sensor", "start_time", "end_time", "reason", "created_by"]
-    rows = [[r.row()[c] for c in columns] for r in records]
-    print(render(columns, rows))
+    columns = ["slice_id", "sensor", "events", "start_time", "span", "reason", "created_by"]
+    print(render(columns, [[row[c] for c in columns] for row in rows]))
     return 0

@@ -5,7 +5,8 @@
 
 Bookmarking and slicing as in Pravega's StreamCuts sample: per sensor, a run of consecutive
 events meeting a condition (`--below`, `--above`, `--burst-mbps`, `--predicate`) becomes one
-slice with cuts as tight as event boundaries allow. Delivery: **exactly-once slices** (state
+slice with cuts as tight as event boundaries allow, if at least `--min-samples` of its samples
+meet it (shorter runs, a lone spike, are not slices). Delivery: **exactly-once slices** (state
 saved per batch, deterministic slice ids). Conditions, cuts, state: `DESIGN.md`, "bookmark"."""
 
 from __future__ import annotations
@@ -129,11 +130,14 @@ def _predicate(spec: str) -> Callable[[pd.DataFrame], Any]:
 
 @dataclass(slots=True)
 class OpenRun:
-    """A sensor's run in progress: per segment [first offset, last end offset], times."""
+    """A sensor's run in progress: per segment [first offset, last end offset], times, and
+    how many samples met the condition (None: a run from a state saved before they were
+    counted, which passes any `min_samples`)."""
 
     ranges: dict[int, list[int]]
     t_min: int
     t_max: int
+    samples: int | None = 0
 
 
 @dataclass(slots=True)
@@ -155,7 +159,12 @@ class BookmarkState:
             msg = "state"
             raise BookmarkError(msg, f"version {data.get('version')!r} is not {STATE_VERSION}")
         runs = {
-            k: OpenRun({int(s): r for s, r in v["ranges"].items()}, v["t_min"], v["t_max"])
+            k: OpenRun(
+                {int(s): r for s, r in v["ranges"].items()},
+                v["t_min"],
+                v["t_max"],
+                v.get("samples"),
+            )
             for k, v in data["runs"].items()
         }
         return cls(runs=runs, last={k: list(v) for k, v in data["last"].items()})
@@ -164,8 +173,9 @@ class BookmarkState:
 @dataclass(frozen=True, slots=True)
 class BookmarkSpec:
     """What to watch, for which conditions, per what sensor; `name` goes into each slice's
-    `created_by`. Conditions are kept in `KINDS` order, so a spec and its command line
-    give the same `reason` and so the same slice ids."""
+    `created_by`; a run becomes a slice when at least `min_samples` of its samples meet a
+    condition. Conditions are kept in `KINDS` order, so a spec and its command line give the
+    same `reason` and so the same slice ids."""
 
     stream: str
     schema: str
@@ -174,6 +184,7 @@ class BookmarkSpec:
     sensor_by: str = "routing_key"
     slices_stream: str = DEFAULT_SLICES_STREAM
     name: str = DEFAULT_NAME
+    min_samples: int = 1
 
     def __post_init__(self) -> None:
         ordered = sorted(self.conditions, key=lambda c: KINDS.index(c.kind))
@@ -181,7 +192,8 @@ class BookmarkSpec:
 
     @property
     def reason(self) -> str:
-        return " or ".join(c.describe() for c in self.conditions)
+        said = " or ".join(c.describe() for c in self.conditions)
+        return said if self.min_samples == 1 else f"{said}, at least {self.min_samples} samples"
 
     def command_line(self, run: RunOptions = SERVICE) -> list[str]:
         """The `sluice run bookmark …` argv that runs exactly this spec."""
@@ -191,6 +203,8 @@ class BookmarkSpec:
         flags = ["--stream", self.stream, "--schema", self.schema, "--sensor-by", self.sensor_by]
         flags += [flag for c in self.conditions for flag in c.flags()]
         flags += ["--slices-stream", self.slices_stream]
+        if self.min_samples != 1:
+            flags += ["--min-samples", str(self.min_samples)]
         if self.name != DEFAULT_NAME:
             flags += ["--name", self.name]
         return sluice_run(self.store, "bookmark", flags, run)
@@ -201,6 +215,10 @@ def check_conditions(spec: BookmarkSpec) -> None:
     if not spec.conditions:
         reason = "give a condition: --below, --above, --burst-mbps or --predicate"
         raise BookmarkError(spec.stream, reason)
+    if spec.min_samples < 1:
+        reason = f"{spec.min_samples} is not a number of samples: give 1 or more"
+        msg = "--min-samples"
+        raise BookmarkError(msg, reason)
     for c in spec.conditions:
         if c.kind == "predicate":
             _predicate(c.predicate)
@@ -285,7 +303,10 @@ class Bookmarker:
         frame["_t_min"] = np.where(hit, times, np.iinfo(np.int64).max)
         frame["_t_max"] = np.where(hit, times, np.iinfo(np.int64).min)
         per_event = frame.groupby(["_segment", "_offset", "_sensor"], sort=False).agg(
-            hit=("_hit", "any"), t_min=("_t_min", "min"), t_max=("_t_max", "max")
+            hit=("_hit", "any"),
+            hits=("_hit", "sum"),
+            t_min=("_t_min", "min"),
+            t_max=("_t_max", "max"),
         )
         positions = zip(events["segment"].to_pylist(), events["offset"].to_pylist(), strict=True)
         ends = dict(zip(positions, events["end_offset"].to_pylist(), strict=True))
@@ -297,21 +318,26 @@ class Bookmarker:
                 self._extend(sensor, int(segment), int(offset), end, row)
             elif run is not None:
                 closed.append(self._close(sensor, run, heads))
-        return closed
+        return [record for record in closed if record is not None]
 
     def _extend(self, sensor: str, segment: int, offset: int, end: int, row: Any) -> None:
         run = self.state.runs.get(sensor)
         if run is None:
             self.state.runs[sensor] = OpenRun(
-                {segment: [offset, end]}, int(row["t_min"]), int(row["t_max"])
+                {segment: [offset, end]}, int(row["t_min"]), int(row["t_max"]), int(row["hits"])
             )
             return
         first, _ = run.ranges.get(segment, [offset, end])
         run.ranges[segment] = [first, end]
         run.t_min, run.t_max = min(run.t_min, int(row["t_min"])), max(run.t_max, int(row["t_max"]))
+        if run.samples is not None:
+            run.samples += int(row["hits"])
 
-    def _close(self, sensor: str, run: OpenRun, heads: dict[int, int]) -> SliceRecord:
+    def _close(self, sensor: str, run: OpenRun, heads: dict[int, int]) -> SliceRecord | None:
+        """The run's slice, or None for a run with fewer than `min_samples` samples."""
         del self.state.runs[sensor]
+        if run.samples is not None and run.samples < self.spec.min_samples:
+            return None
         scope, name = parse_stream(self.spec.stream)
         starts = {**heads, **{s: r[0] for s, r in run.ranges.items()}}
         ends = {**heads, **{s: r[1] for s, r in run.ranges.items()}}

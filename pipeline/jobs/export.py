@@ -6,15 +6,22 @@
 Each batch publishes files hive-partitioned by event time, with lineage columns `_segment`,
 `_offset`, `_sample`; malformed events go to `_quarantine` with their reason. Delivery:
 **exactly-once** files (staged, recorded in the ledger, published by atomic rename), so DuckDB
-sees every sample once or not yet. More: `DESIGN.md`, "export"."""
+sees every sample once or not yet. Every run records where it writes (`ExportRecord`, under
+`$SLUICE_HOME/registry/exports/`), so the analytics database finds each export wherever its
+files are. More: `DESIGN.md`, "export"."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline import durable
+from pipeline.config import sluice_home
+from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
 from pipeline.jobs.runner import (
     SERVICE,
@@ -33,6 +40,7 @@ if TYPE_CHECKING:
 
 DEFAULT_FORMATS = ("parquet", "csv")
 MAX_ROWS_PER_FILE = 1_000_000
+EXPORT_RECORD_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,77 @@ class ExportSpec:
         if self.time_field is not None:
             flags += ["--time-field", self.time_field]
         return sluice_run(self.store, "export", flags, run)
+
+
+class BadExportRecord(SluiceError, ValueError):
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        msg = f"export record {path}: {reason} (remove it; the export's next run writes it again)"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRecord:
+    """Where an export writes: its stream (in `store`), schema, time field and the absolute
+    output directory. Every run writes it (the same bytes when nothing changed) to
+    `$SLUICE_HOME/registry/exports/<stream>--<hash of output>.json`, before its first batch,
+    so the analytics database knows the directory even of an export still running."""
+
+    stream: str
+    schema: str
+    output: str
+    store: str
+    formats: tuple[str, ...]
+    time_field: str | None = None
+    version: int = EXPORT_RECORD_VERSION
+
+    @classmethod
+    def of(cls, spec: ExportSpec) -> ExportRecord:
+        return cls(
+            spec.stream,
+            spec.schema,
+            str(spec.output.absolute()),
+            spec.store,
+            tuple(spec.formats),
+            spec.time_field,
+        )
+
+    @classmethod
+    def read(cls, path: Path) -> ExportRecord:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BadExportRecord(path, f"not readable JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("version") != EXPORT_RECORD_VERSION:
+            version = data.get("version") if isinstance(data, dict) else None
+            reason = f"version {version!r}; this Sluice reads {EXPORT_RECORD_VERSION}"
+            raise BadExportRecord(path, reason)
+        names = {f.name for f in fields(cls)}
+        if missing := sorted(names - data.keys()):
+            raise BadExportRecord(path, f"missing {', '.join(missing)}")
+        return cls(**{**{k: data[k] for k in names}, "formats": tuple(data["formats"])})
+
+
+def export_registry(home: Path | None = None) -> Path:
+    return (home or sluice_home()) / "registry" / "exports"
+
+
+def record_export(spec: ExportSpec, home: Path | None = None) -> Path:
+    """Write (or leave as it is, when unchanged) the spec's `ExportRecord`; return its path."""
+    record = ExportRecord.of(spec)
+    digest = hashlib.sha256(record.output.encode()).hexdigest()[:12]
+    name = f"{record.stream.replace('/', '.')}--{digest}.json"
+    path = export_registry(home) / name
+    text = json.dumps(asdict(record), indent=2, sort_keys=True) + "\n"
+    if not path.exists() or path.read_text() != text:
+        durable.write_text(path, text)
+    return path
+
+
+def registered_exports(home: Path | None = None) -> list[ExportRecord]:
+    """Every recorded export, in name order."""
+    registry = export_registry(home)
+    return [ExportRecord.read(path) for path in sorted(registry.glob("*.json"))]
 
 
 def export(
@@ -85,6 +164,7 @@ def export(
         return writer
 
     with Checkpoint(root, identity) as checkpoint:
+        record_export(spec)
         # Range rows: each task reads its range from the store and flattens it itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")
         batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)

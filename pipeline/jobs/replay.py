@@ -4,9 +4,10 @@
 
 A bounded Spark read between the slice's two cuts, flattened through the stream's schema on
 the driver, filtered to the slice's sensor and time bounds, handed to the model as one pandas
-DataFrame; results, metrics and lineage are written under a name derived from (slice, model,
-version, params). Delivery: exactly-once per (slice, model, version, params): a re-run
-writes the same bytes to the same files. The steps, and why pandas: `DESIGN.md`, "replay"."""
+DataFrame; results, metrics and lineage are written under a run id derived from the replay's
+identity: slice, model, code version and a hash of the parameters (`ReplayKey`). Delivery:
+exactly-once per identity: a re-run writes the same bytes to the same files, and different
+parameters never share a file. The steps, the layout, and why pandas: `DESIGN.md`, "replay"."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import importlib
 import inspect
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,10 @@ if TYPE_CHECKING:
     from pipeline.schemas import FlattenPlan
     from pipeline.streams import StreamStore
 
-LINEAGE_VERSION = 1
+LINEAGE_VERSION = 2
+#: lineage records this Sluice reads: version 1 had no `params_hash` (it is computed from
+#: `params`, which version 1 already wrote in the canonical form)
+READABLE_LINEAGE_VERSIONS = (1, 2)
 ROW_TIME, ROW_KEY = "_time_ns", "_routing_key"
 
 
@@ -62,6 +66,28 @@ class ModelError(ReplayError):
         super().__init__(msg)
 
 
+class OutputInUse(ReplayError):
+    """`--output` names a directory that holds another replay's files."""
+
+    def __init__(self, output_dir: Path, theirs: str, ours: str) -> None:
+        self.output_dir, self.theirs, self.ours = output_dir, theirs, ours
+        msg = (
+            f"{output_dir} holds the files of replay {theirs}, not of this one ({ours}): a "
+            "replay never overwrites another's results; choose another --output, or leave it "
+            "out (each replay then gets its own directory under $SLUICE_HOME/replays)"
+        )
+        super().__init__(msg)
+
+
+class BadLineageRecord(ReplayError, ValueError):
+    """A lineage file this Sluice cannot read (another version, or not a lineage record)."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        msg = f"lineage record {path}: {reason} (was it written by a newer Sluice?)"
+        super().__init__(msg)
+
+
 class UnknownSchema(ReplayError):
     def __init__(self, stream: str) -> None:
         self.stream = stream
@@ -77,9 +103,12 @@ class UnknownSchema(ReplayError):
 
 @dataclass(frozen=True, slots=True)
 class LineageRecord:
-    """What one replay run read, ran and wrote: enough to follow any result row back to
-    stream positions and to the exact model code. Stored as `$SLUICE_HOME/lineage/<run_id>.json`
-    (the `lineage` view of the analytics database reads them)."""
+    """What one replay read, ran and wrote: enough to follow any result row back to stream
+    positions, to the exact model code and to its parameters (`params`, canonical JSON, and
+    `params_hash`, the SHA-256 of that text, in full). Stored as
+    `$SLUICE_HOME/lineage/<run_id>.json` and beside the results (`lineage.json`); the
+    `lineage` view of the analytics database reads them. `started_at`/`finished_at` are UTC
+    ISO 8601 (the only fields a re-run changes)."""
 
     run_id: str
     slice_id: str
@@ -101,16 +130,38 @@ class LineageRecord:
     finished_at: str
     quarantined_events: int = 0
     params: str = "{}"
+    params_hash: str = ""
     version: int = LINEAGE_VERSION
 
     def write(self, lineage_dir: Path) -> Path:
         """Write (atomically replace) this run's record; return its path."""
         return _write_json(lineage_dir / f"{self.run_id}.json", asdict(self))
 
+    @classmethod
+    def read(cls, path: Path) -> LineageRecord:
+        """A stored record of any readable version, as this version's record."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadLineageRecord(path, f"not readable JSON ({exc})") from None
+        version = data.get("version") if isinstance(data, dict) else None
+        if version not in READABLE_LINEAGE_VERSIONS:
+            known = ", ".join(map(str, READABLE_LINEAGE_VERSIONS))
+            raise BadLineageRecord(path, f"version {version!r}; this Sluice reads {known}")
+        if version == 1:
+            data = {**data, "params_hash": hash_params_text(data.get("params", "{}"))}
+        names = {f.name for f in fields(cls)} - {"version"}
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        if missing := sorted(required - data.keys()):
+            raise BadLineageRecord(path, f"missing {', '.join(missing)}")
+        return cls(**{k: data[k] for k in names & data.keys()}, version=int(version))
+
 
 @dataclass(frozen=True, slots=True)
 class Model:
-    """A model named `module:function`, its code version and parameters."""
+    """A model named `module:function`, its code version and parameters: every keyword it
+    takes, the defaults of its signature included (so leaving out a default and passing it
+    are the same replay)."""
 
     spec: str
     function: Callable[..., Any]
@@ -120,6 +171,53 @@ class Model:
     @property
     def slug(self) -> str:
         return self.spec.replace(":", ".")
+
+    @property
+    def params_text(self) -> str:
+        """The parameters as canonical JSON (sorted keys): what `params_hash` hashes."""
+        return params_text(self.params)
+
+    @property
+    def params_hash(self) -> str:
+        return hash_params_text(self.params_text)
+
+
+def params_text(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def hash_params_text(text: str) -> str:
+    """`sha256:<64 hex>` of the canonical parameter text."""
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayKey:
+    """What a replay is: slice, model, code version and parameters. Its results, metrics and
+    lineage are named by it, so an identical replay replaces its own files with the same
+    bytes and any difference (parameters included) gets files of its own."""
+
+    slice_id: str
+    model: str
+    model_version: str
+    params_hash: str
+
+    @classmethod
+    def of(cls, slice_id: str, model: Model) -> ReplayKey:
+        return cls(slice_id, model.spec, model.version, model.params_hash)
+
+    @property
+    def run_id(self) -> str:
+        identity = [self.slice_id, self.model, self.model_version, self.params_hash]
+        digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
+        return f"rp-{digest[:16]}"
+
+    def directory(self, home: Path) -> Path:
+        """`$SLUICE_HOME/replays/<slice>/<module.function>@<version>/params-<hash>/`."""
+        version = self.model_version.replace(":", "-")
+        params = self.params_hash.removeprefix("sha256:")[:16]
+        slug = self.model.replace(":", ".")
+        return home / "replays" / self.slice_id / f"{slug}@{version}" / f"params-{params}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +253,33 @@ def load_model(spec: str, params: dict[str, Any] | None = None) -> Model:
     else:
         source = inspect.getsource(module).encode()
         version = "sha256:" + hashlib.sha256(source).hexdigest()[:16]
-    return Model(spec, function, version, dict(params or {}))
+    return Model(spec, function, version, _bind_params(spec, function, dict(params or {})))
+
+
+def _bind_params(spec: str, function: Callable[..., Any], params: dict[str, Any]) -> dict:
+    """The keywords the model will get: `params` plus its signature's defaults."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin or C function: take the params as given
+        return params
+    try:
+        bound = signature.bind(None, **params)
+    except TypeError as exc:
+        names = [p for p in list(signature.parameters)[1:]]
+        reason = f"parameters {sorted(params)} do not fit it ({exc}; it takes {names})"
+        raise ModelError(spec, reason) from None
+    bound.apply_defaults()
+    first = next(iter(signature.parameters))
+    effective: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if name == first:
+            continue
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            effective.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            effective[name] = value
+    return effective
 
 
 def run_model(model: Model, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
@@ -185,13 +309,25 @@ def check_readable(store: StreamStore, record: SliceRecord) -> None:
             raise SliceTruncated(record.slice_id, record.stream, segment, offset, head)
 
 
+def is_empty(record: SliceRecord) -> bool:
+    """True when no byte of any segment lies between the slice's cuts."""
+    start, end = record.cuts
+    begin = start.segments
+    return all(offset <= begin.get(segment, 0) for segment, offset in end.positions)
+
+
 def read_events(spark: SparkSession, store_uri: str, record: SliceRecord) -> tuple[pa.Table, int]:
     """The slice's events (rows of the `sluice` source) on the driver, in stream order, and
     how many events lie between the cuts. A slice of one routing key is filtered in Spark,
-    before anything travels to the driver; the count is of every event read."""
+    before anything travels to the driver; the count is of every event read. An empty slice
+    is not read at all (a bounded read of nothing has no partitions to plan)."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    from pipeline.spark.reading import ARROW_SCHEMA
+
+    if is_empty(record):
+        return ARROW_SCHEMA.empty_table(), 0
     events = (
         spark.read.format("sluice")
         .option("store", store_uri)
@@ -261,19 +397,21 @@ def flatten_slice(
 # --- the run --------------------------------------------------------------------------------
 
 
-def run_id(record: SliceRecord, model: Model) -> str:
-    identity = [record.slice_id, model.spec, model.version, model.params]
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    return f"rp-{digest[:16]}"
-
-
-def default_output_dir(home: Path, record: SliceRecord, model: Model) -> Path:
-    version = model.version.replace(":", "-")
-    return home / "replays" / record.slice_id / f"{model.slug}@{version}"
-
-
 def _now() -> str:
     return datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def claim_output(output_dir: Path, run_id: str) -> None:
+    """Refuse a directory that holds another replay's lineage (`OutputInUse`)."""
+    existing = output_dir / "lineage.json"
+    if not existing.exists():
+        return
+    try:
+        theirs = json.loads(existing.read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        theirs = None
+    if theirs != run_id:
+        raise OutputInUse(output_dir, str(theirs or "unknown"), run_id)
 
 
 def replay(
@@ -292,21 +430,25 @@ def replay(
 
     started = _now()
     record = find_slice(store, slice_id, slices_stream)
+    key = ReplayKey.of(record.slice_id, model)
+    output_dir = Path(output_dir or key.directory(home)).absolute()
+    claim_output(output_dir, key.run_id)
     check_readable(store, record)
     events, between = read_events(spark, store.uri, record)
     check_readable(store, record)  # truncated while reading: the read may have missed data
     rows, quarantined = flatten_slice(events, record, plan)
     results, model_metrics = run_model(model, rows.to_pandas())
-    output_dir = Path(output_dir or default_output_dir(home, record, model)).absolute()
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.parquet"
     with durable.atomic_path(results_path) as staging:
         pq.write_table(results, staging, compression="zstd")
     metrics = {
+        "run_id": key.run_id,
         "slice_id": record.slice_id,
         "model": model.spec,
         "model_version": model.version,
         "params": model.params,
+        "params_hash": key.params_hash,
         "input_events": between,
         "input_rows": rows.num_rows,
         "quarantined_events": quarantined.num_rows,
@@ -316,7 +458,7 @@ def replay(
     }
     metrics_path = _write_json(output_dir / "metrics.json", metrics)
     lineage = LineageRecord(
-        run_id=run_id(record, model),
+        run_id=key.run_id,
         slice_id=record.slice_id,
         stream=record.stream,
         sensor=record.sensor,
@@ -335,7 +477,8 @@ def replay(
         started_at=started,
         finished_at=_now(),
         quarantined_events=quarantined.num_rows,
-        params=json.dumps(model.params, sort_keys=True),
+        params=model.params_text,
+        params_hash=key.params_hash,
     )
     _write_json(output_dir / "lineage.json", asdict(lineage))
     lineage.write(home / "lineage")
@@ -367,8 +510,8 @@ class Comparison:
     def as_dict(self) -> dict[str, Any]:
         return {
             "slice_id": self.slice_id,
-            "a": {"model": self.a.model, "version": self.a.model_version, "run": self.a.run_id},
-            "b": {"model": self.b.model, "version": self.b.model_version, "run": self.b.run_id},
+            "a": _side(self.a),
+            "b": _side(self.b),
             "identical": self.identical,
             "metrics": [{"metric": n, "a": x, "b": y} for n, x, y in self.metrics],
             "columns_differ": self.columns_differ,
@@ -379,7 +522,18 @@ class Comparison:
         }
 
 
-_RUN_KEYS = ("model", "model_version", "params")
+def _side(lineage: LineageRecord) -> dict[str, Any]:
+    return {
+        "model": lineage.model,
+        "version": lineage.model_version,
+        "params": json.loads(lineage.params),
+        "params_hash": lineage.params_hash,
+        "run": lineage.run_id,
+        "results": lineage.results_path,
+    }
+
+
+_RUN_KEYS = ("run_id", "model", "model_version", "params", "params_hash")
 
 
 def _flat_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -47,6 +47,20 @@ class BadSliceRecord(SliceError, ValueError):
         super().__init__(msg)
 
 
+class EmptySlice(SliceError, ValueError):
+    """A slice with no event between its cuts: it would replay to nothing."""
+
+    def __init__(self, record: SliceRecord) -> None:
+        self.record = record
+        sensor = f" of sensor {record.sensor}" if record.sensor is not None else ""
+        msg = (
+            f"no events of {record.stream}{sensor} between {format_ns(record.start_time_ns)} "
+            f"and {format_ns(record.end_time_ns)}: the slice would replay to nothing. Widen "
+            "--from/--to (or check --sensor), or pass --allow-empty to record it anyway"
+        )
+        super().__init__(msg)
+
+
 class InvalidTimeWindow(SliceError, ValueError):
     def __init__(self, text: str, reason: str) -> None:
         self.text, self.reason = text, reason
@@ -141,7 +155,29 @@ class SliceRecord:
             **asdict(self),
             "start_time": format_ns(self.start_time_ns),
             "end_time": format_ns(self.end_time_ns),
+            "span": format_span(self.end_time_ns - self.start_time_ns),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class SliceExtent:
+    """What a slice holds in the store: the events between its cuts (of its sensor when the
+    sensor is a routing key; of every sensor when columns name it, which only a flatten can
+    tell apart) and their bytes."""
+
+    events: int
+    bytes: int
+
+    @classmethod
+    def of(cls, store: StreamStore, record: SliceRecord) -> SliceExtent:
+        by_key = record.sensor is not None and record.sensor_by in (None, "routing_key")
+        events = size = 0
+        for event in store.read(record.stream, *record.cuts):
+            if by_key and event.routing_key != record.sensor:
+                continue
+            events += 1
+            size += event.end_offset - event.offset
+        return cls(events, size)
 
 
 # --- times ----------------------------------------------------------------------------------
@@ -162,6 +198,11 @@ def parse_time_ns(text: str) -> int:
 def format_ns(ns: int) -> str:
     moment = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
     return f"{moment:%Y-%m-%dT%H:%M:%S}.{ns % 1_000_000_000:09d}Z"
+
+
+def format_span(ns: int) -> str:
+    """A duration for people: `0.250 s`, `95.000 s` (nanoseconds, rounded to ms)."""
+    return f"{ns / 1e9:.3f} s"
 
 
 # --- the slices stream ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """NIC throughput statistics over a slice: rates per second, bursts and idle periods.
 
 Input: flattened NetworkSamples rows (`RemoteAddr`, `Interface`, `TimestampNanos`, `RxBytes`,
-`TxBytes`). Per NIC (host + interface) and whole second of sample time: rx/tx Mbit/s and a
-state, `burst`, `idle` or `active`; consecutive seconds of one state form a period. The
+`TxBytes`). Per NIC (host + interface) and whole second of sample time (`time`, the start of
+the second, a UTC timestamp): rx/tx Mbit/s and a state, `burst`, `idle` or `active`;
+consecutive seconds of one state form a period. The
 metrics are what one reads off a NIC rate chart (as in the Pravega Sensor Collector's NIC
 walkthrough: "bursts every 10 to 15 seconds", "12 MB received"), as numbers.
 """
@@ -34,7 +35,27 @@ def _per_second(frame: pd.DataFrame) -> pd.DataFrame:
     out = deltas.groupby([*NIC, "second"], sort=True).agg(
         samples=("rx_bytes", "size"), rx_bytes=("rx_bytes", "sum"), tx_bytes=("tx_bytes", "sum")
     )
-    return out.reset_index()
+    out = out.reset_index()
+    time = pd.to_datetime(out.pop("second"), unit="s", utc=True).astype("datetime64[us, UTC]")
+    out.insert(len(NIC), "time", time)
+    return out
+
+
+def _no_seconds() -> pd.DataFrame:
+    """The result of an empty slice: no rows, the same columns and types as any other."""
+    return pd.DataFrame(
+        {
+            "RemoteAddr": pd.Series([], dtype=object),
+            "Interface": pd.Series([], dtype=object),
+            "time": pd.Series([], dtype="datetime64[us, UTC]"),
+            "samples": pd.Series([], dtype="int64"),
+            "rx_bytes": pd.Series([], dtype="int64"),
+            "tx_bytes": pd.Series([], dtype="int64"),
+            "rx_mbps": pd.Series([], dtype="float64"),
+            "tx_mbps": pd.Series([], dtype="float64"),
+            "state": pd.Series([], dtype=object),
+        }
+    )
 
 
 def _periods(states: pd.Series, nic_change: pd.Series) -> pd.Series:
@@ -53,8 +74,7 @@ def throughput(
     `idle_mbps`, else `active`. The metrics count burst and idle periods and give the peak and
     mean rates."""
     if frame.empty:
-        columns = [*NIC, "second", "samples", "rx_bytes", "tx_bytes", "rx_mbps", "tx_mbps"]
-        return pd.DataFrame(columns=[*columns, "state"]), {"seconds": 0, "burst_periods": 0}
+        return _no_seconds(), {"seconds": 0, "nics": 0, "burst_periods": 0, "idle_periods": 0}
     out = _per_second(frame)
     out["rx_mbps"] = out["rx_bytes"] * 8 / 1e6
     out["tx_mbps"] = out["tx_bytes"] * 8 / 1e6

@@ -12,15 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import cli
-from pipeline.analytics.catalog import (
+from pipeline.analytics.catalog import refresh
+from pipeline.analytics.sandbox import query
+from pipeline.analytics.snapshots import snapshot_slices
+from pipeline.analytics.sources import (
     AnalyticsError,
     AnalyticsPaths,
     ExportSource,
     discover_exports,
     parse_export_option,
-    query,
-    refresh,
-    snapshot_slices,
 )
 from pipeline.jobs.replay import LineageRecord
 from pipeline.jobs.slices import record_slices, time_window_slice
@@ -34,7 +34,7 @@ def paths() -> AnalyticsPaths:
 
 
 def network(root) -> ExportSource:
-    return ExportSource("network", root, ("examples/network",))
+    return ExportSource("network", root, "examples/network", "NetworkSamples")
 
 
 def test_rates_follow_the_spreadsheet_formula_per_interface(paths, nic_export):
@@ -60,7 +60,7 @@ def test_rates_follow_the_spreadsheet_formula_per_interface(paths, nic_export):
 
 def test_samples_keep_partitions_and_lineage_columns(paths, nic_export):
     views = refresh(paths, [network(nic_export)])
-    assert {"samples", "network", "network_rates", "rates"} <= set(views)
+    assert {"samples", "network", "network_samples", "rates"} <= set(views)
     _, rows = query(
         paths,
         "SELECT export, date::VARCHAR, hour, count(*), min(_offset) FROM samples GROUP BY ALL "
@@ -72,6 +72,10 @@ def test_samples_keep_partitions_and_lineage_columns(paths, nic_export):
     ]
     _, quarantined = query(paths, "SELECT export, _offset, reason FROM quarantine")
     assert quarantined == [("network", 4242, "arrays of unequal length")]
+    # the kind of an export not named in sluice.toml is found by its columns
+    refresh(paths, [ExportSource("net2", nic_export, "examples/network")])
+    assert query(paths, "SELECT DISTINCT kind FROM samples")[1] == [("NetworkSamples",)]
+    assert query(paths, "SELECT count(*) FROM network_samples")[1] == [(9,)]
 
 
 def test_the_database_opens_in_plain_duckdb_without_sluice(paths, nic_export, tmp_path):
@@ -94,8 +98,9 @@ def test_the_database_opens_in_plain_duckdb_without_sluice(paths, nic_export, tm
 
 def test_views_exist_and_are_empty_before_any_file(paths):
     views = refresh(paths, [])
-    assert {"samples", "rates", "quarantine", "slices", "lineage", "replays"} <= set(views)
-    for view in ("samples", "rates", "quarantine", "slices", "lineage", "replays"):
+    fixed = ["samples", "rates", "quarantine", "slices", "slice_rows", "lineage", "replays"]
+    assert set(fixed) <= set(views)
+    for view in fixed:
         assert query(paths, f"SELECT count(*) FROM {view}")[1] == [(0,)]
     cols, _ = query(paths, "SELECT * FROM lineage")
     assert {"slice_id", "model_version", "start_cut", "input_rows"} <= set(cols)
@@ -117,10 +122,12 @@ def test_slices_lineage_and_replays_views(paths, store, tmp_path):
     now = 2_000_000_000_000_000_000
     record = time_window_slice(store, "examples/network", 0, now)
     record_slices(store, [record])
-    snapshot_slices(paths, [record])
-    results = tmp_path / "replay" / "results.parquet"
-    results.parent.mkdir()
+    snapshot_slices(paths, [(record, "sluice/slices")])
+    results = paths.home / "replays" / "r" / "results.parquet"
+    results.parent.mkdir(parents=True)
     pq.write_table(pa.table({"second": [1, 2], "rx_mbps": [0.5, 7.0]}), results)
+    metrics = {"run_id": "run-1", "model": "pipeline.models.nic:throughput", "params": {}}
+    (results.parent / "metrics.json").write_text(json.dumps(metrics))
     lineage = LineageRecord(
         run_id="run-1",
         slice_id=record.slice_id,
@@ -140,13 +147,16 @@ def test_slices_lineage_and_replays_views(paths, store, tmp_path):
         metrics_path=str(results.parent / "metrics.json"),
         started_at="2026-11-01T00:00:00Z",
         finished_at="2026-11-01T00:00:01Z",
+        params_hash="sha256:" + "0" * 64,
     )
     lineage.write(paths.lineage_dir)
     refresh(paths, [])
     assert query(paths, "SELECT slice_id, stream, sensor FROM slices")[1] == [
         (record.slice_id, "examples/network", None)
     ]
-    assert query(paths, "SELECT epoch_ns(end_time) = end_time_ns FROM slices")[1] == [(True,)]
+    assert query(paths, "SELECT epoch_us(end_time) = end_time_ns // 1000 FROM slices")[1] == [
+        (True,)
+    ]
     assert query(paths, "SELECT run_id, input_events, model_version FROM lineage")[1] == [
         ("run-1", 1, "sha256:abc")
     ]
@@ -154,6 +164,8 @@ def test_slices_lineage_and_replays_views(paths, store, tmp_path):
         (record.slice_id, "pipeline.models.nic:throughput", 1, 0.5),
         (record.slice_id, "pipeline.models.nic:throughput", 2, 7.0),
     ]
+    # older results name their second as epoch seconds: `time` is made of it
+    assert query(paths, "SELECT epoch(time) FROM replays ORDER BY 1")[1] == [(1.0,), (2.0,)]
 
 
 def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, monkeypatch):
@@ -169,6 +181,7 @@ def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, monkeypatc
     found = {s.name: s for s in discover_exports(settings, [cli_export])}
     assert found["network"].root == settings.home / "exports" / "network"
     assert found["network"].matches("cloud/network") and found["network"].matches("network")
+    assert (found["network"].stream, found["network"].schema) == ("cloud/network", "NetworkSamples")
     assert found["examples/accel"].root == tmp_path / "from-cli"
     assert AnalyticsPaths.from_settings(settings).database == (
         settings.home / "analytics" / "sluice.duckdb"
@@ -190,37 +203,38 @@ def test_sluice_sql_prints_a_table_and_json(monkeypatch, capsys, nic_export, sto
         "SELECT RemoteAddr AS host, count(*) AS n, max(rx_mbps) AS peak FROM rates "
         "GROUP BY 1 ORDER BY 1"
     )
-    assert cli.main([*base, "sql", sql, *export]) == 0
+    assert cli.main([*base, "sql", sql]) == 1
+    assert "no database there yet: build it with `sluice analytics refresh`" in (
+        capsys.readouterr().err
+    )
+    assert cli.main([*base, "analytics", "refresh", *export]) == 0
+    out = capsys.readouterr().out
+    assert f"export:   examples/network <- {nic_export} (2 files)" in out
+    assert cli.main([*base, "sql", sql]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["host", "n", "peak"]
     assert lines[2].split() == ["edge1", "4", "1.0"]
     assert lines[-1] == "(2 rows)"
-    assert cli.main([*base, "sql", sql, "--json", *export]) == 0
+    assert cli.main([*base, "sql", sql, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[1] == {"host": "edge2", "n": 5, "peak": 10.0}
     assert cli.main([*base, "sql", "SELEC nothing"]) == 1
     assert capsys.readouterr().err.startswith("sluice: error: query failed: Parser Error")
 
 
-def test_sluice_plot_rates_writes_a_png(monkeypatch, capsys, nic_export, store_dir, tmp_path):
+def test_sluice_plot_rates_writes_a_png(capsys, nic_export, tmp_path):
+    from pipeline.jobs.export import ExportSpec, record_export
+
+    # an export run records where it wrote: nothing else names this directory
+    record_export(ExportSpec("examples/network", "NetworkSamples", nic_export, "embedded:/x"))
+    assert cli.main(["analytics", "refresh"]) == 0
+    capsys.readouterr()
     out = tmp_path / "rates.png"
-    argv = [
-        "--store",
-        f"embedded:{store_dir}",
-        "plot",
-        "rates",
-        "examples/network",
-        "--export",
-        f"examples/network={nic_export}",
-        "--output",
-        str(out),
-        "--from",
-        "2026-11-01T10:59:58.5Z",
-    ]
-    assert cli.main(argv) == 0
+    argv = ["plot", "rates", "examples/network", "--output", str(out)]
+    assert cli.main([*argv, "--from", "2026-11-01T10:59:58.5Z"]) == 0
     assert "(5 points from 8 samples)" in capsys.readouterr().out
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cli.main([*argv[:4], "examples/nothing"]) == 1
+    assert cli.main(["plot", "rates", "examples/nothing"]) == 1
     assert "cannot plot examples/nothing: no export of it is known" in capsys.readouterr().err
-    assert cli.main([*argv[:4], "network", "--export", f"network={nic_export}"]) == 1
+    assert cli.main(["analytics", "refresh", "--export", f"network={nic_export}"]) == 1
     assert "expected SCOPE/STREAM=DIR" in capsys.readouterr().err

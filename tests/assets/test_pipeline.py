@@ -58,6 +58,7 @@ def test_slices_replays_schedule_and_views(settings, spark, monkeypatch):
 
         # a replay per slice, tagged with the model's code version, checked for determinism
         replay_job = defs.resolve_job_def("replay_network")
+        runs, outputs = {}, {}
         for record in records:
             run = replay_job.execute_in_process(instance=instance, partition_key=record.slice_id)
             assert checks(run) == {"replay_is_deterministic": True}
@@ -66,7 +67,10 @@ def test_slices_replays_schedule_and_views(settings, spark, monkeypatch):
             assert meta["slice_id"] == record.slice_id
             assert meta["input_rows"] > 0 and meta["output_rows"] > 0
             version = defs.resolve_assets_def(REPLAY).code_versions_by_key[REPLAY]
-            assert meta["model_version"] == version
+            # the asset's code version is the replay's identity: model version + parameters
+            assert version == f"{meta['model_version']}+params-{meta['params_hash'][7:23]}"
+            assert meta["params"] == {"burst_mbps": 5.0, "idle_mbps": 0.01}
+            runs[record.slice_id], outputs[record.slice_id] = meta["run_id"], meta["output_rows"]
 
         # nightly: nothing stale; after a change to the model, every slice is
         schedule_context = dg.build_schedule_context(instance=instance)
@@ -77,17 +81,24 @@ def test_slices_replays_schedule_and_views(settings, spark, monkeypatch):
 
         monkeypatch.setattr(nic.throughput, "version", "changed-in-test", raising=False)
         changed = build_definitions(settings).resolve_assets_def(REPLAY)
-        assert changed.code_versions_by_key[REPLAY] == "changed-in-test"
-        stale = evaluate_nightly(schedule_context, net, {REPLAY: "changed-in-test"})
+        new_version = changed.code_versions_by_key[REPLAY]
+        assert new_version.startswith("changed-in-test+params-")
+        stale = evaluate_nightly(schedule_context, net, {REPLAY: new_version})
         assert sorted(r.partition_key for r in stale) == sorted(ids)
+        monkeypatch.undo()
+
+        # replaying a slice again is the same replay: no new lineage, no new result rows
+        again = replay_job.execute_in_process(instance=instance, partition_key=ids[0])
+        assert materialized(again)[REPLAY.to_user_string()]["run_id"] == runs[ids[0]]
 
         # the analysts' views, with the NIC rate plot
         views = defs.resolve_job_def("refresh_analytics").execute_in_process(instance=instance)
         meta = materialized(views)["analytics/duckdb_views"]
         assert meta["rows/samples"] == 60
         assert meta["rows/slices"] == 2
-        assert meta["rows/lineage"] == 2
-        assert meta["rows/replays"] > 0
+        assert meta["rows/lineage"] == 2  # one per slice, the re-run included
+        assert meta["rows/replays"] == sum(outputs.values())  # one row per result row
+        assert meta["rows/slice_rows"] > 0
         plot = meta["rate_plot/network"]
         assert plot.endswith(".png")
         assert meta["rate_plot_image/network"].startswith("![network rx/tx Mbit/s](data:image/png")

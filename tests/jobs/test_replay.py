@@ -78,7 +78,9 @@ def test_same_slice_same_model_gives_byte_identical_results(spark, store, networ
     bytes_2 = (open(out.results_path, "rb").read(), open(out.metrics_path, "rb").read())
     assert bytes_1 == bytes_2
     # exactly the slice: edge1's samples of seconds 1, 2 and 3, nothing of edge2
-    assert results["second"].to_pylist() == [(T0 // SECOND) + k for k in (1, 2, 3)]
+    seconds = [t.timestamp() for t in results["time"].to_pylist()]
+    assert seconds == [(T0 // SECOND) + k for k in (1, 2, 3)]
+    assert str(results.schema.field("time").type) == "timestamp[us, tz=UTC]"
     assert results["state"].to_pylist() == ["burst", "idle", "burst"]
     assert first.metrics["input_rows"] == 30
     assert first.metrics["quarantined_events"] == 1

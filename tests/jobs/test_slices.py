@@ -95,15 +95,39 @@ def test_sluice_slices_create_and_list(store, store_dir, monkeypatch, capsys):
     created = json.loads(capsys.readouterr().out)
     assert created["status"] == "created" and created["sensor"] == "edge2"
     assert created["start_time"] == "2026-11-01T10:00:01.000000000Z"
+    assert (created["events"], created["span"]) == (1, "1.000 s")  # edge2's event of 10:00:01
     assert cli.main([*base, "create", STREAM, *window, "--sensor", "edge2"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "exists"
     assert cli.main([*base, "list", STREAM]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:3] == ["slice_id", "sensor", "start_time"]
-    assert table[2].split()[:2] == [created["slice_id"], "edge2"]
+    assert table[0].split()[:5] == ["slice_id", "sensor", "events", "start_time", "span"]
+    assert table[2].split()[:3] == [created["slice_id"], "edge2", "1"]
     assert table[-1] == "(1 row)"
     assert cli.main([*base, "list", STREAM, "--json"]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["slice_id"] for r in listed] == [created["slice_id"]]
+    assert [(r["slice_id"], r["events"]) for r in listed] == [(created["slice_id"], 1)]
     assert cli.main([*base, "create", "examples/nothing", *window]) == 1
     assert "stream examples/nothing does not exist" in capsys.readouterr().err
+
+
+def test_an_empty_window_is_refused_unless_allowed(store, store_dir, capsys):
+    nic_stream(store, {"edge1": [[1] * 3] * 3})
+    store.close()
+    base = ["--store", f"embedded:{store_dir}", "slices"]
+    window = ["--from", "2026-11-01T11:00Z", "--to", "2026-11-01T12:00Z"]
+    assert cli.main([*base, "create", STREAM, *window]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "sluice: error: no events of examples/network between 2026-11-01T11:00:00.000000000Z"
+    )
+    assert "pass --allow-empty to record it anyway" in err and len(err.splitlines()) == 1
+    assert cli.main([*base, "list", STREAM, "--json"]) == 0
+    assert capsys.readouterr().out == ""  # nothing was recorded
+    # a sensor with no event in a window that has events of others is empty too
+    inside = ["--from", "2026-11-01T10:00Z", "--to", "2026-11-01T10:00:02Z"]
+    assert cli.main([*base, "create", STREAM, *inside, "--sensor", "edge9"]) == 1
+    assert "no events of examples/network of sensor edge9" in capsys.readouterr().err
+    assert cli.main([*base, "create", STREAM, *window, "--allow-empty"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert (created["status"], created["events"], created["bytes"]) == ("created", 0, 0)
+    assert created["span"] == "3600.000 s"

@@ -1,0 +1,213 @@
+"""Where the analytics database's data is: the database file, the exports, the snapshots.
+
+Exports are found in three places, first match wins: `--export SCOPE/STREAM=DIR` on the
+command line, each `[streams.NAME]` family of sluice.toml (`exports/NAME` under the home), and
+the record every export run leaves (`pipeline.jobs.export.ExportRecord`), so an export written
+anywhere (`sluice run export --output /data/x`) is found without being named again. Paths
+under the Sluice home are kept relative to it, so that the database can be opened against a
+copy of the home (`DESIGN.md`, "Opening a copy")."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import SluiceError
+
+if TYPE_CHECKING:
+    from pipeline.settings import SluiceSettings
+
+#: Names of the views every database has; an export named like one gets `_export` appended.
+FIXED_VIEWS = (
+    "samples",
+    "rates",
+    "quarantine",
+    "slices",
+    "slice_rows",
+    "lineage",
+    "replays",
+    "sources",
+)
+PARTITIONS = "date=*/hour=*/*.parquet"
+#: Bumped when the views change shape; `sluice sql` refuses a database of another version.
+CATALOG_VERSION = 2
+
+
+class AnalyticsError(SluiceError):
+    """The analytics database cannot be built or queried as asked."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what, self.reason = what, reason
+        msg = f"{what}: {reason}"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticsPaths:
+    """Where analytics reads and writes: the database file (sluice.toml `[analytics]
+    database`, default `$SLUICE_HOME/analytics/sluice.duckdb`) and files under the home."""
+
+    home: Path
+    database: Path
+
+    @classmethod
+    def from_settings(cls, settings: SluiceSettings) -> AnalyticsPaths:
+        return cls(settings.home, settings.analytics_database)
+
+    @property
+    def snapshots(self) -> Path:
+        """The Parquet snapshots `refresh` writes (slices, lineage)."""
+        return self.home / "analytics"
+
+    @property
+    def slices_snapshot(self) -> Path:
+        return self.snapshots / "slices.parquet"
+
+    @property
+    def lineage_snapshot(self) -> Path:
+        return self.snapshots / "lineage.parquet"
+
+    @property
+    def lineage_dir(self) -> Path:
+        return self.home / "lineage"
+
+    @property
+    def replays_dir(self) -> Path:
+        return self.home / "replays"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.home / "plots"
+
+    def stored(self, path: Path | str) -> str:
+        """`path` as the views name it: relative to the home when inside it, else absolute."""
+        path = Path(path).absolute()
+        try:
+            return path.relative_to(self.home.absolute()).as_posix()
+        except ValueError:
+            return path.as_posix()
+
+    def resolve(self, stored: str) -> Path:
+        """The inverse of `stored`, against this home."""
+        return Path(stored) if Path(stored).is_absolute() else self.home / stored
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSource:
+    """One export's output directory, its name, the stream it exports (whose stream
+    positions its `_segment`/`_offset` are), its schema when known and other names of it."""
+
+    name: str
+    root: Path
+    stream: str | None = None
+    schema: str | None = None
+    time_field: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def view(self) -> str:
+        view = re.sub(r"[^A-Za-z0-9_]", "_", self.name.replace("/", "_"))
+        return f"{view}_export" if view in FIXED_VIEWS else view
+
+    def matches(self, text: str) -> bool:
+        """True for the export's name, its stream or another name of it."""
+        return text in (self.name, self.stream, *self.aliases)
+
+    @property
+    def parquet_root(self) -> Path:
+        """The directory holding the `date=`/`hour=` partitions (the root or its parquet/)."""
+        for candidate in (self.root / "parquet", self.root):
+            if any(candidate.glob("date=*")):
+                return candidate
+        return self.root / "parquet"
+
+    @property
+    def quarantine_root(self) -> Path:
+        for candidate in (self.root / "_quarantine", self.root / "parquet" / "_quarantine"):
+            if candidate.exists():
+                return candidate
+        return self.root / "_quarantine"
+
+    def parquet_files(self) -> int:
+        return _count(self.parquet_root, PARTITIONS)
+
+    def quarantine_files(self) -> int:
+        return _count(self.quarantine_root, "**/*.parquet")
+
+
+def _count(root: Path, pattern: str) -> int:
+    return sum(1 for _ in root.glob(pattern)) if root.is_dir() else 0
+
+
+# --- finding the exports --------------------------------------------------------------------
+
+
+def discover_exports(
+    settings: SluiceSettings, extra: Iterable[ExportSource] = ()
+) -> list[ExportSource]:
+    """Exports named on the command line, then each `[streams.NAME]` family of sluice.toml,
+    then every export run's record. One directory is one export; a name given twice keeps
+    the first (a later one is named after its stream and directory)."""
+    from pipeline.jobs.export import registered_exports
+
+    families = [
+        ExportSource(
+            f.name,
+            f.export_dir,
+            f.mirror_stream,
+            f.schema,
+            aliases=(f.stream, f.mirror_stream),
+        )
+        for f in settings.streams
+    ]
+    recorded = [
+        ExportSource(r.stream, Path(r.output), r.stream, r.schema, r.time_field)
+        for r in registered_exports(settings.home)
+    ]
+    by_root: dict[Path, ExportSource] = {}
+    names: set[str] = set()
+    for given in (*extra, *families, *recorded):
+        root = given.root.absolute()
+        known = by_root.get(root)
+        if known is not None:
+            by_root[root] = _merge(known, given)
+            continue
+        source = _renamed(given, names) if given.view in names else given
+        names.add(source.view)
+        by_root[root] = source
+    return list(by_root.values())
+
+
+def _merge(known: ExportSource, other: ExportSource) -> ExportSource:
+    """What a second mention of one directory adds: the schema, stream, time field."""
+    return ExportSource(
+        known.name,
+        known.root,
+        known.stream or other.stream,
+        known.schema or other.schema,
+        known.time_field or other.time_field,
+        tuple(dict.fromkeys((*known.aliases, *other.aliases))),
+    )
+
+
+def _renamed(source: ExportSource, taken: set[str]) -> ExportSource:
+    base = f"{source.name}/{source.root.name}"
+    name, n = base, 2
+    while ExportSource(name, source.root).view in taken:
+        name, n = f"{base}_{n}", n + 1
+    return ExportSource(
+        name, source.root, source.stream, source.schema, source.time_field, source.aliases
+    )
+
+
+def parse_export_option(text: str) -> ExportSource:
+    """`SCOPE/STREAM=DIR` from the command line."""
+    stream, eq, root = text.partition("=")
+    if not eq or stream.count("/") != 1 or not root:
+        reason = "expected SCOPE/STREAM=DIR, e.g. examples/network=/data/network-export"
+        msg = f"--export {text!r}"
+        raise AnalyticsError(msg, reason)
+    return ExportSource(stream, Path(root).absolute(), stream)

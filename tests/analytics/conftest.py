@@ -56,7 +56,7 @@ def write_export(root: Path, rows: list[dict], quarantine: list[dict] = ()) -> P
 @pytest.fixture(autouse=True)
 def _no_sluice_toml(tmp_path, monkeypatch):
     """Analytics reads sluice.toml: point it at none, so tests see only what they set up."""
-    monkeypatch.setenv("SLUICE_CONFIG", str(tmp_path / "no-sluice.toml"))
+    monkeypatch.setenv("SLUICE_CONFIG", "/dev/null")
 
 
 @pytest.fixture

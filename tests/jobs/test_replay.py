@@ -38,7 +38,7 @@ def spark():
 @pytest.fixture(autouse=True)
 def _no_sluice_toml(tmp_path, monkeypatch):
     """The schema of a stream comes from sluice.toml: use none unless a test writes one."""
-    monkeypatch.setenv("SLUICE_CONFIG", str(tmp_path / "no-sluice.toml"))
+    monkeypatch.setenv("SLUICE_CONFIG", "/dev/null")
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ BURSTY = [[100] * 10, [20_000] * 10, [100] * 10, [20_000] * 10, [100] * 10]
 
 @pytest.fixture(autouse=True)
 def _no_sluice_toml(tmp_path, monkeypatch):
-    monkeypatch.setenv("SLUICE_CONFIG", str(tmp_path / "no-sluice.toml"))
+    monkeypatch.setenv("SLUICE_CONFIG", "/dev/null")
 
 
 @pytest.fixture

@@ -97,8 +97,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
     import sys
 
     from pipeline.analytics.sandbox import open_database, run
+    from pipeline.analytics.sources import AnalyticsError
     from pipeline.cli.table import render
 
+    if not args.sql.strip():  # before the database: an empty query is wrong anywhere
+        reason = 'no SQL given: pass a statement, e.g. sluice sql "SELECT * FROM rates LIMIT 5"'
+        command = "sluice sql"
+        raise AnalyticsError(command, reason)
     with open_database(_paths()) as con:
         columns, rows = run(con, args.sql)
         empty = [] if rows else _sources_without_files(con)

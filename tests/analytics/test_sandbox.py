@@ -121,3 +121,11 @@ def test_a_database_of_an_older_sluice_is_refused_with_what_to_do(paths):
         query(paths, "SELECT 1")
     refresh(paths, [])
     assert query(paths, "SELECT 1")[1] == [(1,)]
+
+
+def test_empty_sql_is_the_first_thing_said_even_before_a_database_exists(tmp_path, capsys):
+    from pipeline.cli import main
+
+    assert main(["sql", ""]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sluice: error: sluice sql: no SQL given"), err

@@ -28,11 +28,13 @@ java:
 	  fi; \
 	fi
 
-# Test-only system services: mosquitto (MQTT collector) and Chromium (browser test of the Dagster UI).
+# Test-only system services: mosquitto (MQTT collector), Chromium (browser test of the Dagster
+# UI) and PostgreSQL (the docker/ deployment's Dagster storage, tests/deploy/).
 system-deps:
 	@missing=""; \
 	command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "Installing$$missing (apt-get)"; \

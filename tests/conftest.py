@@ -19,6 +19,7 @@ LONG_FIRST = (
     ("test_mirror_kill.py", "driver"),
     ("test_mirror_kill.py", "tasks"),
     ("test_bookmark_kill.py", None),
+    ("test_dagster_postgres.py", None),
 )
 
 

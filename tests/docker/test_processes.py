@@ -3,7 +3,7 @@
 No Docker engine runs here, but the processes the containers run do: the entry point scripts
 (with a real secret file), and the Dagster trio of compose.yaml, started with the services'
 own arguments (only `0.0.0.0` becomes `127.0.0.1`, the ports become free ones and the
-instance is a temporary SQLite one, as no PostgreSQL runs here): the code location answers
+instance is a quick SQLite one; tests/deploy runs them on PostgreSQL): the code location answers
 its health check (the compose healthcheck command), the webserver loads the `sluice`
 location through docker/workspace.yaml's gRPC entry, and the daemon heartbeats.
 """

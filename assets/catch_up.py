@@ -140,6 +140,17 @@ def skipped_observation(key: dg.AssetKey, outcome: StepOutcome) -> dg.AssetObser
     return dg.AssetObservation(asset_key=key, metadata=metadata)
 
 
+def idle_observation(key: dg.AssetKey, metadata: dict[str, Any]) -> dg.AssetObservation:
+    """A run that found no new events: an observation (why, where the job stands, the lag),
+    never a materialization, so the latest materialization always describes real data."""
+    end = metadata.get(END_CUT)
+    why = f"no new events since {end.value}" if end is not None else "no events yet"
+    kept = {k: metadata[k] for k in (END_CUT, "lag_bytes", "checkpoint") if k in metadata}
+    return dg.AssetObservation(
+        asset_key=key, metadata={SKIPPED: dg.MetadataValue.text(why), **kept}
+    )
+
+
 def run_metadata(outcome: StepOutcome, checkpoint: Path, source_tail: StreamCut) -> dict[str, Any]:
     """Cut range, counts and lag of a finished run (an idle run covers an empty range)."""
     summary, position = outcome.summary, outcome.position
@@ -267,6 +278,11 @@ def catch_up_asset(step: CatchUpStep[Any]) -> dg.AssetsDefinition:
                 yield skipped_observation(key, outcome)
             return
         metadata = run_metadata(outcome, step.checkpoint, store.tail(step.source.stream))
+        if outcome.summary is not None and outcome.summary.events == 0:
+            context.log.info(f"nothing to materialize: {step.source.stream} has no new events")
+            for key in step.keys:
+                yield idle_observation(key, metadata)
+            return
         yield from step.results(StepRun(outcome, metadata, store, before))
 
     return _catch_up

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, NotRequired, TypedDict, TypeVar, cast
 
 import dagster as dg
 from dagster import AssetExecutionContext
@@ -43,6 +43,7 @@ from pipeline.jobs.checkpoint import committed_progress as read_progress
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
+from pipeline.schemas import flatten_plan, quarantine_columns
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamCut, StreamStore
 from resources.spark import SparkResource
@@ -329,11 +330,13 @@ def mirror_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
 
 
 class Column(TypedDict):
-    """A column of a flattened schema, as a job's summary reports it."""
+    """A column of a flattened schema, as a job's summary reports it (`FlattenPlan.describe`;
+    `description` is the Avro field's `doc`)."""
 
     name: str
     type: str
     nullable: bool
+    description: NotRequired[str]
 
 
 def column_schema(columns: Sequence[Column]) -> dg.TableSchema:
@@ -343,6 +346,7 @@ def column_schema(columns: Sequence[Column]) -> dg.TableSchema:
             dg.TableColumn(
                 name=c["name"],
                 type=c["type"],
+                description=c.get("description") or None,
                 constraints=dg.TableColumnConstraints(nullable=bool(c["nullable"])),
             )
             for c in columns
@@ -372,6 +376,7 @@ def export_metadata(outcome: StepOutcome, output: Path, fmt: ExportFormat) -> di
         "files": dg.MetadataValue.int(len(mine)),
         "output": dg.MetadataValue.path(str(output / fmt)),
         "quarantine_table": dg.MetadataValue.path(str(output / "_quarantine")),
+        "quarantine_schema": column_schema(quarantine_columns()),
         "dagster/column_schema": column_schema(summary.outputs.get("columns", [])),
     }
     for name in ("min_event_time_ns", "max_event_time_ns"):
@@ -386,6 +391,7 @@ def export_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
     """`<family>/<format>_export`: the mirror flattened into hive-partitioned files."""
     output, service = jobs.export.output, service_command(jobs.export)
     formats = cast(tuple[ExportFormat, ...], jobs.export.formats)  # settings refuse others
+    plan = flatten_plan(family.schema)
     specs = tuple(
         spark_asset_spec(
             export_key(family, fmt),
@@ -395,7 +401,10 @@ def export_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
             description=f"{family.mirror_stream} flattened through {family.schema} into "
             f"{fmt.upper()} under {output / fmt}, partitioned by date and hour, with lineage "
             f"columns _segment, _offset, _sample; bad events go to {output / '_quarantine'}.",
-            metadata={"output": dg.MetadataValue.path(str(output / fmt))},
+            metadata={
+                "output": dg.MetadataValue.path(str(output / fmt)),
+                "dagster/column_schema": column_schema(plan.describe()),
+            },
         )
         for fmt in formats
     )

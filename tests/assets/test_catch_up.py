@@ -50,6 +50,9 @@ def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark
     columns = [c.name for c in parquet["dagster/column_schema"].columns]
     assert columns[:5] == ["RemoteAddr", "Interface", "TimestampNanos", "RxBytes", "TxBytes"]
     assert {"_segment", "_offset", "_sample"} <= set(columns)
+    described = {c.name: c.description for c in parquet["dagster/column_schema"].columns}
+    assert described["RxBytes"].startswith("bytes received") and all(described.values())
+    assert all(c.description for c in parquet["quarantine_schema"].columns)
     assert parquet["output"] == str(net.export_dir / "parquet")
     assert parquet["files"] >= 1 and parquet["bytes"] > 0
     assert first["network/csv_export"]["output"] == str(net.export_dir / "csv")

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, NotRequired, TypedDict, TypeVar, cast
 
 import dagster as dg
 from dagster import AssetExecutionContext
@@ -43,6 +43,7 @@ from pipeline.jobs.checkpoint import committed_progress as read_progress
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
+from pipeline.schemas import flatten_plan, quarantine_columns
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamCut, StreamStore
 from resources.spark import SparkResource
@@ -138,6 +139,17 @@ def skipped_observation(key: dg.AssetKey, outcome: StepOutcome) -> dg.AssetObser
     if outcome.position is not None:
         metadata["checkpoint_end_cut"] = dg.MetadataValue.text(outcome.position.end_cut.text)
     return dg.AssetObservation(asset_key=key, metadata=metadata)
+
+
+def idle_observation(key: dg.AssetKey, metadata: dict[str, Any]) -> dg.AssetObservation:
+    """A run that found no new events: an observation (why, where the job stands, the lag),
+    never a materialization, so the latest materialization always describes real data."""
+    end = metadata.get(END_CUT)
+    why = f"no new events since {end.value}" if end is not None else "no events yet"
+    kept = {k: metadata[k] for k in (END_CUT, "lag_bytes", "checkpoint") if k in metadata}
+    return dg.AssetObservation(
+        asset_key=key, metadata={SKIPPED: dg.MetadataValue.text(why), **kept}
+    )
 
 
 def run_metadata(outcome: StepOutcome, checkpoint: Path, source_tail: StreamCut) -> dict[str, Any]:
@@ -267,6 +279,11 @@ def catch_up_asset(step: CatchUpStep[Any]) -> dg.AssetsDefinition:
                 yield skipped_observation(key, outcome)
             return
         metadata = run_metadata(outcome, step.checkpoint, store.tail(step.source.stream))
+        if outcome.summary is not None and outcome.summary.events == 0:
+            context.log.info(f"nothing to materialize: {step.source.stream} has no new events")
+            for key in step.keys:
+                yield idle_observation(key, metadata)
+            return
         yield from step.results(StepRun(outcome, metadata, store, before))
 
     return _catch_up
@@ -313,11 +330,13 @@ def mirror_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
 
 
 class Column(TypedDict):
-    """A column of a flattened schema, as a job's summary reports it."""
+    """A column of a flattened schema, as a job's summary reports it (`FlattenPlan.describe`;
+    `description` is the Avro field's `doc`)."""
 
     name: str
     type: str
     nullable: bool
+    description: NotRequired[str]
 
 
 def column_schema(columns: Sequence[Column]) -> dg.TableSchema:
@@ -327,6 +346,7 @@ def column_schema(columns: Sequence[Column]) -> dg.TableSchema:
             dg.TableColumn(
                 name=c["name"],
                 type=c["type"],
+                description=c.get("description") or None,
                 constraints=dg.TableColumnConstraints(nullable=bool(c["nullable"])),
             )
             for c in columns
@@ -356,6 +376,7 @@ def export_metadata(outcome: StepOutcome, output: Path, fmt: ExportFormat) -> di
         "files": dg.MetadataValue.int(len(mine)),
         "output": dg.MetadataValue.path(str(output / fmt)),
         "quarantine_table": dg.MetadataValue.path(str(output / "_quarantine")),
+        "quarantine_schema": column_schema(quarantine_columns()),
         "dagster/column_schema": column_schema(summary.outputs.get("columns", [])),
     }
     for name in ("min_event_time_ns", "max_event_time_ns"):
@@ -370,6 +391,7 @@ def export_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
     """`<family>/<format>_export`: the mirror flattened into hive-partitioned files."""
     output, service = jobs.export.output, service_command(jobs.export)
     formats = cast(tuple[ExportFormat, ...], jobs.export.formats)  # settings refuse others
+    plan = flatten_plan(family.schema)
     specs = tuple(
         spark_asset_spec(
             export_key(family, fmt),
@@ -379,7 +401,10 @@ def export_step(family: StreamFamily, jobs: FamilyJobs) -> CatchUpStep[None]:
             description=f"{family.mirror_stream} flattened through {family.schema} into "
             f"{fmt.upper()} under {output / fmt}, partitioned by date and hour, with lineage "
             f"columns _segment, _offset, _sample; bad events go to {output / '_quarantine'}.",
-            metadata={"output": dg.MetadataValue.path(str(output / fmt))},
+            metadata={
+                "output": dg.MetadataValue.path(str(output / fmt)),
+                "dagster/column_schema": column_schema(plan.describe()),
+            },
         )
         for fmt in formats
     )

@@ -116,10 +116,30 @@ def export_checks(
 
     key, output = export_key(family, "parquet"), jobs.export.output
     time = flatten_plan(family.schema).time
+    sensors = ", ".join((*family.sensor_columns, time.name if time else "its event time"))
     specs = [
-        dg.AssetCheckSpec("no_duplicate_samples", asset=key, blocking=True),
-        dg.AssetCheckSpec("quarantine_rate", asset=key, blocking=True),
-        dg.AssetCheckSpec("no_sample_gaps", asset=key),
+        dg.AssetCheckSpec(
+            "no_duplicate_samples",
+            asset=key,
+            blocking=True,
+            description=f"Blocking: no two exported rows share ({sensors}). The export is "
+            "exactly-once, so a duplicate would be counted twice by every analysis.",
+        ),
+        dg.AssetCheckSpec(
+            "quarantine_rate",
+            asset=key,
+            blocking=True,
+            description="Blocking: the share of events refused into the quarantine table, over "
+            f"the whole export, stays at most {limits.quarantine_rate_max:g} ([checks] "
+            "quarantine_rate_max); more means the schema or the collectors are wrong.",
+        ),
+        dg.AssetCheckSpec(
+            "no_sample_gaps",
+            asset=key,
+            description="Warning: in the time range the latest export run wrote, no step "
+            f"between two samples of one sensor is longer than {family.max_sample_gap_seconds:g}"
+            " s: a longer one is data missing at the edge (a collector down).",
+        ),
     ]
 
     def samples() -> Samples | str:
@@ -210,7 +230,12 @@ def mirror_lag_check(
     """`mirror_lag`: the mirror's committed position against the edge tail, now."""
     checkpoint = jobs.checkpoint("mirror")
 
-    @dg.asset_check(asset=mirror_key(family), name="mirror_lag")
+    description = (
+        f"Warning: the mirror's committed position is at most {limits.mirror_lag_max_bytes} "
+        f"bytes ([checks] mirror_lag_max_bytes) behind the tail of {family.stream}, now."
+    )
+
+    @dg.asset_check(asset=mirror_key(family), name="mirror_lag", description=description)
     def _lag(stores: StreamStoresResource) -> dg.AssetCheckResult:
         store = stores.open(family.store)
         tail, progress = store.tail(family.stream), committed_progress(checkpoint)

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from pipeline.schemas.avro import AvroSchema, bundled_schemas, load_schema, parse_schema_text
 from pipeline.schemas.errors import InvalidSchema, SchemaError, SchemaNotFound, UnsupportedSchema
-from pipeline.schemas.flatten import QUARANTINE_SCHEMA, Events, Flattened, flatten
+from pipeline.schemas.flatten import (
+    QUARANTINE_SCHEMA,
+    Events,
+    Flattened,
+    flatten,
+    quarantine_columns,
+)
 from pipeline.schemas.plan import LINEAGE, Column, FlattenPlan, TimeColumn, flatten_plan
 
 __all__ = [
@@ -31,4 +37,5 @@ __all__ = [
     "flatten_plan",
     "load_schema",
     "parse_schema_text",
+    "quarantine_columns",
 ]

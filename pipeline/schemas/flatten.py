@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from pipeline.schemas.plan import NUMERIC, Column, FlattenPlan
+from pipeline.schemas.plan import NUMERIC, Column, FlattenPlan, describe_fields
 
 QUARANTINE_SCHEMA = pa.schema(
     [
@@ -31,6 +31,25 @@ QUARANTINE_SCHEMA = pa.schema(
         pa.field("payload", pa.binary()),
     ]
 )
+#: What each column of the quarantine table holds (its column descriptions).
+QUARANTINE_DOC = {
+    "_stream": "stream the refused event was read from",
+    "_segment": "segment of the stream that holds the event",
+    "_offset": "byte offset of the event in its segment",
+    "_routing_key": "routing key the collector wrote the event with",
+    "_ingest_time_ns": "when the event was written to the stream, nanoseconds since the epoch",
+    "schema": "the Avro schema the event did not fit",
+    "reason": "why the event was refused (not UTF-8 or JSON, a missing field, a wrong type, "
+    "parallel arrays of unequal length)",
+    "payload": "the event's bytes, unchanged",
+}
+
+
+def quarantine_columns() -> list[dict[str, Any]]:
+    """The quarantine table's columns as `FlattenPlan.describe` gives a plan's."""
+    return describe_fields(QUARANTINE_SCHEMA, QUARANTINE_DOC)
+
+
 _NP = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
 _I64 = np.iinfo(np.int64)
 _I32 = np.iinfo(np.int32)

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 Kind = Literal["scalar", "sample"]
 
 LINEAGE = (("_segment", pa.int32()), ("_offset", pa.int64()), ("_sample", pa.int32()))
+#: What each lineage column holds (the column descriptions of an export's schema).
+LINEAGE_DOC = {
+    "_segment": "segment of the source stream that holds the row's event",
+    "_offset": "byte offset of the row's event in its segment (with _segment: the event's "
+    "position in the stream)",
+    "_sample": "index of the row within its event (0 for the event's first sample)",
+}
 NUMERIC = ("int", "long", "float", "double")
 _ARROW = {
     "boolean": pa.bool_(),
@@ -71,6 +78,7 @@ class Column:
     path: tuple[str, ...]
     array_path: tuple[str, ...] = ()
     logical: str | None = None
+    doc: str = ""  # the Avro field's `doc` (else the nearest enclosing field's)
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -144,10 +152,24 @@ class FlattenPlan:
         return from_arrow_schema(self.arrow_schema)
 
     def describe(self) -> list[dict[str, Any]]:
-        """Columns as plain dicts, for reports and catalogs."""
-        return [
-            {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in self.arrow_schema
-        ]
+        """Columns as plain dicts, for reports and catalogs; `description` is the Avro
+        field's `doc` (a lineage column's: `LINEAGE_DOC`), empty when it has none."""
+        return describe_fields(self.arrow_schema, {c.name: c.doc for c in self.columns})
+
+
+def describe_fields(schema: pa.Schema, docs: dict[str, str]) -> list[dict[str, Any]]:
+    """`schema`'s columns as plain dicts: name, type, nullable and description (from `docs`,
+    else `LINEAGE_DOC`, else empty)."""
+    docs = LINEAGE_DOC | docs
+    return [
+        {
+            "name": f.name,
+            "type": str(f.type),
+            "nullable": f.nullable,
+            "description": docs.get(f.name, ""),
+        }
+        for f in schema
+    ]
 
 
 @lru_cache(maxsize=32)
@@ -273,8 +295,10 @@ def _columns(
     path: tuple[str, ...],
     array: tuple[str, ...] | None,
     nullable: bool,
+    doc: str = "",
 ) -> None:
-    """Append the columns of `avro` (found at `path`, named by `prefix`) to `walk.columns`."""
+    """Append the columns of `avro` (found at `path`, named by `prefix`, described by the
+    `doc` of its field) to `walk.columns`."""
     avro = _resolve(walk, avro)
     where = "_".join(prefix) or "<root>"
     if isinstance(avro, list):
@@ -283,7 +307,7 @@ def _columns(
             reason = "a union of several non-null types has no single column type"
             raise UnsupportedSchema(walk.source, where, reason)
         optional = len(rest) < len(avro) or nullable
-        _columns(walk, rest[0], prefix=prefix, path=path, array=array, nullable=optional)
+        _columns(walk, rest[0], prefix=prefix, path=path, array=array, nullable=optional, doc=doc)
         return
     kind = _type_name(avro)
     if kind == "record":
@@ -297,6 +321,7 @@ def _columns(
                 path=sub,
                 array=array,
                 nullable=nullable,
+                doc=avro_field.get("doc") or doc,
             )
         return
     if kind == "array":
@@ -304,7 +329,9 @@ def _columns(
             reason = "an array inside a parallel array has no flat form"
             raise UnsupportedSchema(walk.source, where, reason)
         walk.arrays.append(path)
-        _columns(walk, avro["items"], prefix=prefix, path=(), array=path, nullable=nullable)
+        _columns(
+            walk, avro["items"], prefix=prefix, path=(), array=path, nullable=nullable, doc=doc
+        )
         return
     logical = avro.get("logicalType") if isinstance(avro, dict) else None
     kind = "map" if kind == "map" else kind
@@ -316,6 +343,7 @@ def _columns(
         path=path,
         array_path=array or (),
         logical=logical,
+        doc=doc,
     )
     walk.columns.append(column)
 

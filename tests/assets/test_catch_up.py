@@ -50,6 +50,9 @@ def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark
     columns = [c.name for c in parquet["dagster/column_schema"].columns]
     assert columns[:5] == ["RemoteAddr", "Interface", "TimestampNanos", "RxBytes", "TxBytes"]
     assert {"_segment", "_offset", "_sample"} <= set(columns)
+    described = {c.name: c.description for c in parquet["dagster/column_schema"].columns}
+    assert described["RxBytes"].startswith("bytes received") and all(described.values())
+    assert all(c.description for c in parquet["quarantine_schema"].columns)
     assert parquet["output"] == str(net.export_dir / "parquet")
     assert parquet["files"] >= 1 and parquet["bytes"] > 0
     assert first["network/csv_export"]["output"] == str(net.export_dir / "csv")
@@ -87,3 +90,45 @@ def test_a_run_that_finds_the_service_running_says_so_and_skips(settings, instan
     skipped = {o.asset_key.to_user_string(): o.metadata["skipped"].value for o in observed}
     assert "the checkpoint is held by another run" in skipped["network/cloud_mirror"]
     assert "--continuous" in skipped["network/cloud_mirror"]
+
+
+def test_a_run_that_finds_nothing_new_observes_instead_of_materializing(settings, instance, spark):
+    """An idle catch-up records an observation, never an empty materialization; its steps
+    downstream and the checks are skipped (Dagster's skip), so the latest materialization and
+    the latest completed check evaluations still describe the data as it stands."""
+    net = settings.family("network")
+    write_events(net.store_uri, net.stream, samples(3))
+    job = build_definitions(settings).resolve_job_def("catch_up_network")
+    first = job.execute_in_process(instance=instance)
+    parquet = dg.AssetKey(["network", "parquet_export"])
+    again = job.execute_in_process(instance=instance)
+
+    assert again.success
+    assert materialized(again) == {}
+    observed = {
+        e.event_specific_data.asset_observation.asset_key.to_user_string(): {
+            k: v.value for k, v in e.event_specific_data.asset_observation.metadata.items()
+        }
+        for e in again.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+    }
+    mirror = observed["network/cloud_mirror"]
+    end_cut = materialized(first)["network/cloud_mirror"]["end_cut"]
+    assert mirror["skipped"] == f"no new events since {end_cut}"
+    assert (mirror["end_cut"], mirror["lag_bytes"]) == (end_cut, 0)
+    assert instance.get_latest_materialization_event(parquet).run_id == first.run_id
+    assert {e.step_key for e in again.all_events if e.event_type_value == "STEP_SKIPPED"} == {
+        "export_network",
+        "network__slices",
+        "check_network_export",
+        "network__cloud_mirror_mirror_lag",
+    }
+    storage = instance.event_log_storage
+    for name in ("no_duplicate_samples", "quarantine_rate", "no_sample_gaps"):
+        records = storage.get_asset_check_execution_history(dg.AssetCheckKey(parquet, name), 2)
+        skipped, passed = records  # newest first
+        assert skipped.run_id == again.run_id  # planned, not run: resolved as skipped
+        assert skipped.status.value == "PLANNED"
+        assert passed.status.value == "SUCCEEDED"
+        target = passed.event.dagster_event.event_specific_data.target_materialization_data
+        assert target.run_id == first.run_id

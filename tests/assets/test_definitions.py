@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
+
 from tests.assets.conftest import REPO
 
 DAGSTER = Path(sys.executable).with_name("dagster")
@@ -79,3 +81,21 @@ def test_the_names_the_deployment_relies_on(settings):
     assert catch_up.tags["sluice/exclusive"] == "catch_up/network"
     sensors = {sensor.name for sensor in defs.sensors}
     assert {"edge_tail_sensor", "new_slices_sensor", "streaming_service_progress"} <= sensors
+
+
+def test_checks_and_columns_are_described(settings):
+    """Every check says what it guards; every exported column says what it holds (the Avro
+    field's `doc`, the lineage columns' own), before any run and after one."""
+    from assets.definitions import build_definitions
+
+    defs = build_definitions(settings)
+    graph = defs.resolve_asset_graph()
+    checks = {key.name: graph.get_check_spec(key) for key in graph.asset_check_keys}
+    mine = ("no_sample_gaps", "no_duplicate_samples", "quarantine_rate", "mirror_lag")
+    assert all(checks[name].description for name in mine)
+    for family in ("network", "generator"):
+        for fmt in ("parquet", "csv"):
+            spec = graph.get(dg.AssetKey([family, f"{fmt}_export"]))
+            columns = spec.metadata["dagster/column_schema"].columns
+            assert {"_segment", "_offset", "_sample"} <= {c.name for c in columns}
+            assert all(c.description for c in columns), family

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 
@@ -74,6 +75,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="sluice",
         description="Sensor data from the edge to the cloud, with replayable history.",
     )
+    parser.add_argument("--version", action="version", version=f"sluice {sluice_version()}")
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more on standard error: -v info, -vv debug (default: warnings and errors; "
+        "`sluice collect` logs info unless told otherwise)",
+    )
+    loudness.add_argument(
+        "-q", "--quiet", action="store_true", help="log only errors on standard error"
+    )
     parser.add_argument(
         "--store",
         metavar="STORE",
@@ -96,6 +110,41 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+#: Sluice's own packages: a missing one is a broken install, not a missing extra.
+OWN_PACKAGES = frozenset({"pipeline", "collectors", "assets", "resources"})
+
+
+def sluice_version() -> str:
+    """The installed distribution's version (the source tree's when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sluice")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def log_level(args: argparse.Namespace) -> int | None:
+    """The level `-v`/`-q` ask for, or None when neither was given (the command decides)."""
+    if args.quiet:
+        return logging.ERROR
+    if args.verbose:
+        return logging.DEBUG if args.verbose > 1 else logging.INFO
+    return None
+
+
+def configure_logging(args: argparse.Namespace, default: int = logging.WARNING) -> None:
+    """Log records to standard error (never standard output, which scripts parse)."""
+    level = log_level(args)
+    logging.basicConfig(
+        level=default if level is None else level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    logging.getLogger("py4j").setLevel(logging.INFO)  # its debug lines drown Sluice's own
+
+
 def resolve_stores(args: argparse.Namespace) -> argparse.Namespace:
     """Every store option given, as a URI (`pipeline.settings.store_uri`)."""
     from pipeline.settings import store_uri
@@ -110,6 +159,8 @@ def resolve_stores(args: argparse.Namespace) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     umask: int | None = None
+    root = logging.getLogger()
+    logging_before = (root.level, root.handlers[:])
     try:
         from pipeline.config import FileModes
         from pipeline.settings import check_environment
@@ -117,9 +168,16 @@ def main(argv: list[str] | None = None) -> int:
         check_environment(os.environ)
         umask = FileModes.from_environment().apply()
         args = resolve_stores(build_parser(chosen_command(argv)).parse_args(argv))
+        configure_logging(args)
         return int(args.func(args) or 0)
     except SluiceError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:  # a platform package a command imports when it runs
+        command = chosen_command(argv)
+        if command is None or not exc.name or exc.name.split(".")[0] in OWN_PACKAGES:
+            raise
+        print(f"sluice: error: {MissingInstall(command, exc.name)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -128,3 +186,5 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if umask is not None:
             os.umask(umask)  # for callers in this process (tests); a process just exits
+        root.setLevel(logging_before[0])
+        root.handlers[:] = logging_before[1]

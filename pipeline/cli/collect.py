@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from collectors.settings import CollectorSettings, load_settings
+from pipeline.cli import log_level
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _config_option(collect, None)
     collect.add_argument(
-        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+        "--log-level",
+        default=None,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="the service's log level (default: INFO, or what sluice -v/-q says)",
     )
     collect.set_defaults(func=_run)
     actions = collect.add_subparsers(dest="collect_action", metavar="ACTION")
@@ -68,9 +72,10 @@ def _run(args: argparse.Namespace) -> int:
     from collectors.failpoints import ENV_VAR, Failpoints
     from collectors.service import run_service
 
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if args.log_level is not None:
+        logging.getLogger().setLevel(args.log_level)
+    elif log_level(args) is None:
+        logging.getLogger().setLevel(logging.INFO)  # a service says what it does
     settings = _load(args)
     return run_service(settings, Failpoints(os.environ.get(ENV_VAR)))
 

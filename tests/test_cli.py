@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -51,3 +53,35 @@ def test_verbose_and_quiet_together_are_refused(capsys):
         main(["-v", "-q", "store", "list"])
     assert done.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def complete_in_bash(script: str, line: str) -> list[str]:
+    """What bash offers for `line` with the completion script loaded (a real bash)."""
+    words = line.split(" ")
+    program = (
+        f"source {script}\n"
+        f"COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
+        f'COMP_LINE="{line}"; COMP_POINT=${{#COMP_LINE}}\n'
+        '_shtab_sluice; printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    done = subprocess.run(
+        ["bash", "-c", program], capture_output=True, text=True, check=True, timeout=30
+    )
+    return done.stdout.split()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_bash_completion_offers_commands_actions_and_options(tmp_path, capsys):
+    assert main(["completion", "bash"]) == 0
+    script = tmp_path / "sluice.bash"
+    script.write_text(capsys.readouterr().out)
+    assert complete_in_bash(str(script), "sluice st") == ["store"]
+    assert complete_in_bash(str(script), "sluice store ve") == ["verify"]
+    assert "--segments" in complete_in_bash(str(script), "sluice store create --se")
+
+
+def test_zsh_completion_is_a_zsh_completion_function(capsys):
+    assert main(["completion", "zsh"]) == 0
+    script = capsys.readouterr().out
+    assert script.startswith("#compdef sluice")
+    assert "verify" in script

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
 import shutil
@@ -85,3 +86,39 @@ def test_zsh_completion_is_a_zsh_completion_function(capsys):
     script = capsys.readouterr().out
     assert script.startswith("#compdef sluice")
     assert "verify" in script
+
+
+def every_action(parser: argparse.ArgumentParser, path: str = "sluice"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from every_action(sub, f"{path} {name}")
+        elif action.dest != "help" and not isinstance(action, argparse._VersionAction):
+            yield path, action, parser
+
+
+def test_every_argument_has_a_help_line_and_shows_its_default():
+    from pipeline.cli import build_parser
+
+    missing, no_default = [], []
+    for path, action, parser in every_action(build_parser()):
+        name = "/".join(action.option_strings) or action.dest
+        if not action.help:
+            missing.append(f"{path} {name}")
+        elif (
+            action.option_strings
+            and action.default not in (None, False, [], argparse.SUPPRESS)
+            and not isinstance(action, argparse._StoreConstAction)
+        ):
+            shown = parser._get_formatter()._get_help_string(action)
+            if "default" not in shown:
+                no_default.append(f"{path} {name}")
+    assert missing == []
+    assert no_default == []
+
+
+def test_help_never_mentions_background_documents(capsys):
+    from pipeline.cli import build_parser
+
+    for path, action, _ in every_action(build_parser()):
+        assert "seed" not in (action.help or "").lower(), path

@@ -108,7 +108,35 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, (_, help_text) in COMMANDS.items():
         if name not in subparsers.choices:
             subparsers.add_parser(name, help=help_text)
+    show_defaults(parser)
     return parser
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help lines end with the option's default when it has one and the line does not say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or "%(default)" in text
+            or default in (None, False, [], argparse.SUPPRESS)
+            or not action.option_strings
+            or isinstance(action, argparse._StoreConstAction)  # a switch: its default is not it
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every parser under `parser` that keeps argparse's plain formatter shows defaults."""
+    if parser.formatter_class is argparse.HelpFormatter:
+        parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                show_defaults(sub)
 
 
 #: Sluice's own packages: a missing one is a broken install, not a missing extra.

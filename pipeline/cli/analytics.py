@@ -35,9 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r = sub.add_parser("rates", help="PNG scatter (XY) plot of rx/tx Mbit/s per sample over time")
     r.add_argument("stream", metavar="NAME|SCOPE/STREAM", help="an export name or its stream")
     r.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601, e.g. 2026-11-01T00:00Z")
-    r.add_argument("--to", dest="end", metavar="TIME")
+    r.add_argument("--to", dest="end", metavar="TIME", help="the chart's end (ISO 8601)")
     r.add_argument("--output", "-o", type=Path, help="PNG path (default under $SLUICE_HOME/plots)")
-    r.add_argument("--max-points", type=int, default=200_000)
+    r.add_argument(
+        "--max-points", type=int, default=200_000, help="thin the chart to this many points"
+    )
     r.set_defaults(func=cmd_plot_rates)
 
     p = subparsers.add_parser("analytics", help="the DuckDB analytics database")

@@ -18,11 +18,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "A model is module:function, optionally followed by ,key=value parameters "
         "(values are JSON, else text): pipeline.models.nic:throughput,burst_mbps=20",
     )
-    p.add_argument("words", nargs="+", metavar="SLICE_ID | compare SLICE_ID")
-    p.add_argument("--model", action="append", required=True, metavar="MODULE:FUNCTION[,K=V]")
+    p.add_argument(
+        "words",
+        nargs="+",
+        metavar="SLICE_ID | compare SLICE_ID",
+        help="the slice to replay, or `compare SLICE_ID` to replay it with each --model",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="MODULE:FUNCTION[,K=V]",
+        help="the model and its parameters, e.g. pipeline.models.nic:throughput,burst_mbps=5 "
+        "(repeat for compare)",
+    )
     p.add_argument("--output", type=Path, help="output directory (one model only)")
     p.add_argument("--schema", help="Avro schema of the stream (default: from sluice.toml)")
-    p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
+    p.add_argument(
+        "--slices-stream",
+        default=DEFAULT_SLICES_STREAM,
+        metavar="SCOPE/STREAM",
+        help="where the slice is recorded",
+    )
     p.set_defaults(func=_run_replay)
 
 

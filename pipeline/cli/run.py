@@ -230,7 +230,12 @@ def _add_export(jobs: argparse._SubParsersAction, common: argparse.ArgumentParse
         help=f"output directory; {OUTPUT_HELP}",
     )
     p.add_argument("--format", default=",".join(DEFAULT_FORMATS), help="parquet,csv,jsonl")
-    p.add_argument("--max-rows-per-file", type=int, default=MAX_ROWS_PER_FILE)
+    p.add_argument(
+        "--max-rows-per-file",
+        type=int,
+        default=MAX_ROWS_PER_FILE,
+        help="a task starts a new file after this many rows",
+    )
     p.add_argument("--time-field", help="event-time column (default: from the schema)")
     p.set_defaults(func=_run_export, spec_of=export_spec)
 
@@ -297,12 +302,35 @@ def _add_bookmark(jobs: argparse._SubParsersAction, common: argparse.ArgumentPar
         default="routing_key",
         help="routing_key, or columns naming a sensor, e.g. RemoteAddr,Interface",
     )
-    p.add_argument("--below", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--above", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument(
+        "--below",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a slice where FIELD is below VALUE (repeatable)",
+    )
+    p.add_argument(
+        "--above",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a slice where FIELD is above VALUE (repeatable)",
+    )
     p.add_argument("--burst-mbps", type=float, help="NIC rx or tx rate above this")
-    p.add_argument("--predicate", action="append", default=[], metavar="MODULE:FUNCTION")
-    p.add_argument("--min-samples", type=int, default=1, help="samples a slice needs (1)")
-    p.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar=STREAM_HELP)
+    p.add_argument(
+        "--predicate",
+        action="append",
+        default=[],
+        metavar="MODULE:FUNCTION",
+        help="a slice where this function of a sample's row returns true (repeatable)",
+    )
+    p.add_argument("--min-samples", type=int, default=1, help="samples a slice needs")
+    p.add_argument(
+        "--slices-stream",
+        default=DEFAULT_SLICES_STREAM,
+        metavar=STREAM_HELP,
+        help="where the slices are recorded",
+    )
     p.add_argument(
         "--name",
         default=DEFAULT_NAME,
@@ -337,11 +365,26 @@ def _run_bookmark(args: argparse.Namespace) -> int:
 
 def _add_join(jobs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = jobs.add_parser("join", parents=[common], help="time-series join of two streams")
-    p.add_argument("--left", required=True, metavar="SCOPE/STREAM[#KEY]")
-    p.add_argument("--right", required=True, metavar="SCOPE/STREAM[#KEY]")
+    p.add_argument(
+        "--left",
+        required=True,
+        metavar="SCOPE/STREAM[#KEY]",
+        help="the left series: a stream, or one routing key of it",
+    )
+    p.add_argument(
+        "--right",
+        required=True,
+        metavar="SCOPE/STREAM[#KEY]",
+        help="the right series: a stream, or one routing key of it",
+    )
     p.add_argument("--schema", required=True, help="Avro schema of both sides")
-    p.add_argument("--time-column", default=TIME_COLUMN)
-    p.add_argument("--max-gap", type=float, metavar="SECONDS")
+    p.add_argument("--time-column", default=TIME_COLUMN, help="the time column of both sides")
+    p.add_argument(
+        "--max-gap",
+        type=float,
+        metavar="SECONDS",
+        help="pair records at most this far apart (default: any distance)",
+    )
     p.add_argument(
         "--output",
         required=True,

@@ -24,9 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Record a slice holding every event whose time bounds meet [--from, --to) "
         "(times without a zone are UTC). The cuts come from the time bounds writers attach.",
     )
-    c.add_argument("stream", metavar="SCOPE/STREAM")
+    c.add_argument("stream", metavar="SCOPE/STREAM", help="the stream to slice")
     c.add_argument("--from", dest="start", required=True, metavar="TIME", help="2026-11-01T00:00Z")
-    c.add_argument("--to", dest="end", required=True, metavar="TIME")
+    c.add_argument(
+        "--to", dest="end", required=True, metavar="TIME", help="the window's end (ISO 8601)"
+    )
     c.add_argument("--sensor", help="only this sensor (its routing key, or see --sensor-by)")
     c.add_argument(
         "--sensor-by",
@@ -38,12 +40,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="record the slice even when no event lies in the window (refused by default)",
     )
-    c.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
+    c.add_argument(
+        "--slices-stream",
+        default=DEFAULT_SLICES_STREAM,
+        metavar="SCOPE/STREAM",
+        help="where the slice is recorded",
+    )
     c.set_defaults(func=_run_slices_create)
     ls = sub.add_parser("list", help="the slices of STREAM")
-    ls.add_argument("stream", metavar="SCOPE/STREAM")
+    ls.add_argument("stream", metavar="SCOPE/STREAM", help="the sliced stream")
     ls.add_argument("--json", action="store_true", help="one JSON object per slice")
-    ls.add_argument("--slices-stream", default=DEFAULT_SLICES_STREAM, metavar="SCOPE/STREAM")
+    ls.add_argument(
+        "--slices-stream",
+        default=DEFAULT_SLICES_STREAM,
+        metavar="SCOPE/STREAM",
+        help="where the slices are recorded",
+    )
     ls.set_defaults(func=_run_slices_list)
 
 

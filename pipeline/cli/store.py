@@ -26,29 +26,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--retention-seconds", type=float, help="keep nothing older than this")
 
     p = sub.add_parser("list", help="list streams (of one scope)")
-    p.add_argument("scope", nargs="?")
+    p.add_argument("scope", nargs="?", help="only this scope (default: every scope)")
     p.set_defaults(func=cmd_list)
 
     stream_action(sub, "info", "JSON: head and tail cuts, segments, bytes, events", cmd_info)
 
     p = stream_action(sub, "write", "append one event per line of standard input", cmd_write)
-    p.add_argument("--routing-key", "-k")
+    p.add_argument("--routing-key", "-k", help="the routing key of every event (its segment)")
 
     p = stream_action(sub, "read", "print one event per line", cmd_read)
-    p.add_argument("--from", dest="start", default="head", metavar="head|tail|CUT")
-    p.add_argument("--to", dest="end", default=None, metavar="tail|CUT")
+    p.add_argument(
+        "--from", dest="start", default="head", metavar="head|tail|CUT", help="where to start"
+    )
+    p.add_argument(
+        "--to",
+        dest="end",
+        default=None,
+        metavar="tail|CUT",
+        help="where to stop (default: the tail)",
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
 
     stream_action(sub, "cut", "print the tail cut", cmd_cut)
 
     p = stream_action(sub, "truncate", "drop everything before CUT", cmd_truncate)
-    p.add_argument("cut", metavar="CUT")
+    p.add_argument("cut", metavar="CUT", help="a cut's text form (`sluice store cut`)")
 
     p = stream_action(
         sub, "scale", "split a hot segment, merge cold ones, or apply a policy", cmd_scale
     )
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--split", type=int, metavar="SEGMENT")
+    how.add_argument("--split", type=int, metavar="SEGMENT", help="split this segment")
     how.add_argument("--merge", metavar="A,B", help="neighbouring segments to merge")
     how.add_argument(
         "--auto",
@@ -56,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="events_per_second:N or kbytes_per_second:N over the last --window seconds",
     )
     p.add_argument("--parts", type=int, default=2, help="segments a split makes (default 2)")
-    p.add_argument("--window", type=float, default=60.0)
+    p.add_argument(
+        "--window", type=float, default=60.0, help="seconds of recent traffic --auto looks at"
+    )
 
     stream_action(sub, "seal", "refuse further writes to SCOPE/STREAM", cmd_seal)
 
@@ -84,7 +94,7 @@ def stream_action(
 ) -> argparse.ArgumentParser:
     """An action on one stream: `sluice store NAME SCOPE/STREAM …`, run by `func`."""
     parser = sub.add_parser(name, help=help_text)
-    parser.add_argument("stream", metavar="SCOPE/STREAM")
+    parser.add_argument("stream", metavar="SCOPE/STREAM", help="the stream")
     parser.set_defaults(func=func)
     return parser
 

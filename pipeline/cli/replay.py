@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.jobs.replay import Comparison
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_SLICES_STREAM,
         metavar="SCOPE/STREAM",
         help="where the slice is recorded",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="compare: print everything as JSON (every metric, sample rows) instead of the "
+        "table of what differs",
     )
     p.set_defaults(func=_run_replay)
 
@@ -107,7 +117,11 @@ def _run_replay(args: argparse.Namespace) -> int:
             for model in models
         ]
     if comparing:
-        print(json.dumps(compare(*results).as_dict(), indent=2, default=str))
+        comparison = compare(*results)
+        if args.json:
+            print(json.dumps(comparison.as_dict(), indent=2, default=str))
+        else:
+            print(comparison_text(comparison))
         return 0
     lineage = results[0].lineage
     print(
@@ -126,3 +140,35 @@ def _run_replay(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def comparison_text(comparison: Comparison) -> str:
+    """Both sides, the metrics that differ as a table, and the rows only one side produced."""
+    from pipeline.cli.table import render
+    from pipeline.jobs.replay import RUN_KEYS
+
+    lines = [f"slice {comparison.slice_id}"]
+    for side, lineage in (("a", comparison.a), ("b", comparison.b)):
+        lines.append(
+            f"{side}: {lineage.model}@{lineage.model_version} params {lineage.params} "
+            f"(run {lineage.run_id}) -> {lineage.results_path}"
+        )
+    differ = [
+        (name, _cell(x), _cell(y))
+        for name, x, y in comparison.metrics
+        if x != y and name not in RUN_KEYS
+    ]
+    if comparison.identical:
+        lines.append("identical: the same metrics and the same rows")
+        return "\n".join(lines)
+    if differ:
+        lines += ["", render(["metric", "a", "b"], differ, 0)]
+    if comparison.columns_differ:
+        lines.append("the results have different columns")
+    lines.append(f"rows only in a: {comparison.only_a}, only in b: {comparison.only_b}")
+    lines.append("(--json for every metric and sample rows)")
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    return json.dumps(value, default=str) if isinstance(value, dict | list) else str(value)

@@ -504,7 +504,7 @@ class Comparison:
 
     @property
     def identical(self) -> bool:
-        same_metrics = all(x == y for name, x, y in self.metrics if name not in _RUN_KEYS)
+        same_metrics = all(x == y for name, x, y in self.metrics if name not in RUN_KEYS)
         return same_metrics and not (self.only_a or self.only_b or self.columns_differ)
 
     def as_dict(self) -> dict[str, Any]:
@@ -533,7 +533,8 @@ def _side(lineage: LineageRecord) -> dict[str, Any]:
     }
 
 
-_RUN_KEYS = ("run_id", "model", "model_version", "params", "params_hash")
+#: Metrics that name a replay rather than measure it: never a difference worth showing.
+RUN_KEYS = ("run_id", "model", "model_version", "params", "params_hash")
 
 
 def _flat_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

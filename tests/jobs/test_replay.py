@@ -163,9 +163,19 @@ def test_sluice_replay_and_compare_commands(store, store_dir, network, monkeypat
     assert summary["results"] == str(out_dir / "results.parquet")
     assert summary["output_rows"] == 3
     compare_argv = [*base, "compare", record.slice_id, "--schema", "NetworkSamples"]
-    assert cli.main([*compare_argv, "--model", model, "--model", f"{model}00"]) == 0
+    assert cli.main([*compare_argv, "--model", model, "--model", f"{model}00", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["rows_only_in_a"] == 2 and report["identical"] is False
+    assert cli.main([*compare_argv, "--model", model, "--model", f"{model}00"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == f"slice {record.slice_id}"
+    assert table[1].startswith("a: pipeline.models.nic:throughput@")
+    assert '"burst_mbps": 1,' in table[1] and '"burst_mbps": 100,' in table[2]
+    rows_line = f"rows only in a: 2, only in b: {report['rows_only_in_b']}"
+    assert rows_line in table
+    metric_rows = [line for line in table if line.startswith("model_metrics.")]
+    assert metric_rows, table  # the metrics that differ, one row each
+    assert len(table) < 40
     assert cli.main([*base, record.slice_id, "--model", model]) == 1
     assert "no Avro schema is known for examples/network" in capsys.readouterr().err
     config = sluice_home() / "sluice.toml"

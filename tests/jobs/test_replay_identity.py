@@ -174,7 +174,7 @@ def test_lineage_records_of_version_1_are_read_and_others_refused(tmp_path):
 def test_replay_compare_keeps_both_sides(store, store_dir, bursty, capsys):
     argv = ["--store", f"embedded:{store_dir}", "replay", "compare", bursty.slice_id]
     argv += ["--schema", "NetworkSamples", "--model", f"{NIC},burst_mbps=1"]
-    assert cli.main([*argv, "--model", f"{NIC},burst_mbps=100"]) == 0
+    assert cli.main([*argv, "--model", f"{NIC},burst_mbps=100", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     a, b = report["a"], report["b"]
     assert a["params"]["burst_mbps"] == 1 and b["params"]["burst_mbps"] == 100

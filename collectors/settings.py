@@ -103,7 +103,9 @@ def load_settings(
         raise ConfigError(
             where,
             "no collector instances are configured",
-            "add [instances.NAME] with a driver, or set PRAVEGA_SENSOR_COLLECTOR_<NAME>_CLASS",
+            "pass `sluice collect --config FILE` (collectors/collector.quickstart.toml runs "
+            "anywhere), add [instances.NAME] with a driver to it, or set "
+            "PRAVEGA_SENSOR_COLLECTOR_<NAME>_CLASS",
         )
     notes: list[str] = []
     instances = tuple(

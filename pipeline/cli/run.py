@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.cli.table import counted
 from pipeline.config import under_home
 from pipeline.errors import SluiceError
 from pipeline.jobs.bookmark import (
@@ -286,7 +287,7 @@ def _run_console(args: argparse.Namespace) -> int:
     spec, run = console_spec(args), run_options(args)
     check_stream(spec.store, spec.stream)
     summary = _start(console, spec, run)
-    print(f"{summary.events} events", file=sys.stderr)
+    print(counted(summary.events, "event"), file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from pipeline.cli.table import counted
 from pipeline.errors import SluiceError
 from pipeline.streams import StreamCut, StreamStore, open_store
 from pipeline.streams.api import Retention, ScalingPolicy
@@ -151,7 +152,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             count += 1
             if count % WRITE_FLUSH_EVERY == 0:
                 writer.flush()
-    print(f"wrote {count} events to {args.stream}", file=sys.stderr)
+    print(f"wrote {counted(count, 'event')} to {args.stream}", file=sys.stderr)
     return 0
 
 
@@ -245,15 +246,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(problem)
     checked = (
-        f"{report.streams} streams, {report.segments} segments, {report.blocks} blocks, "
+        f"{counted(report.streams, 'stream')}, {counted(report.segments, 'segment')}, "
+        f"{counted(report.blocks, 'block')}, "
         f"{report.bytes:,} bytes"
     )
     if report.ok:
         print(f"intact: {checked}")
         return 0
     print(
-        f"{len(report.problems)} problems in {checked}: `sluice store repair` fixes what can "
-        "be fixed without guessing and lists the rest",
+        f"{counted(len(report.problems), 'problem')} in {checked}: `sluice store repair` "
+        "fixes what can be fixed without guessing and lists the rest",
         file=sys.stderr,
     )
     return 1
@@ -271,5 +273,5 @@ def cmd_repair(args: argparse.Namespace) -> int:
     if report.ok:
         print(f"repaired: {len(report.fixed)} fixed, nothing left")
         return 0
-    print(f"{len(report.unfixed)} problems left that need a person", file=sys.stderr)
+    print(f"{counted(len(report.unfixed), 'problem')} left that need a person", file=sys.stderr)
     return 1

@@ -48,7 +48,7 @@ def test_an_intact_store_verifies_and_a_flipped_byte_is_found_refused_and_contai
     sluice("store", "create", "site/net", "--segments", "2")
     sluice("store", "write", "site/net", "-k", "k1", stdin=events("a", 50))
     sluice("store", "write", "site/net", "-k", "zz", stdin=events("b", 50))
-    assert sluice("store", "verify").stdout.startswith("intact: 1 streams, 2 segments")
+    assert sluice("store", "verify").stdout.startswith("intact: 1 stream, 2 segments")
     before = sluice("store", "read", "site/net").stdout.splitlines()
     assert len(before) == 100
 

@@ -73,21 +73,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     stream_action(sub, "delete", "delete a sealed stream", cmd_delete)
 
-    p = sub.add_parser(
-        "verify",
-        help="check every block's checksum, the index, transactions and the catalog; exit 1 "
-        "with one line per problem",
+    scans = (
+        (
+            "verify",
+            "check every block's checksum, the index, transactions and the catalog; exit 1 "
+            "with one line per problem",
+            cmd_verify,
+        ),
+        (
+            "repair",
+            "fix what needs no guess (index, catalog, torn tails) and list what it could not "
+            "fix; run it while no other process uses the store",
+            cmd_repair,
+        ),
     )
-    p.add_argument("stream", nargs="?", metavar="SCOPE/STREAM", help="default: every stream")
-    p.set_defaults(func=cmd_verify)
-
-    p = sub.add_parser(
-        "repair",
-        help="fix what needs no guess (index, catalog, torn tails) and list what it could not "
-        "fix; run it while no other process uses the store",
-    )
-    p.add_argument("stream", nargs="?", metavar="SCOPE/STREAM", help="default: every stream")
-    p.set_defaults(func=cmd_repair)
+    for name, help_text, func in scans:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("stream", nargs="?", metavar="SCOPE/STREAM", help="default: every stream")
+        p.set_defaults(func=func)
 
 
 def stream_action(

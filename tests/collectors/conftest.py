@@ -139,11 +139,18 @@ def read_payloads(store_dir: Path, stream: str) -> list[dict]:
         return [json.loads(e.payload) for e in store.read(stream)]
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120):
+def run_cli(
+    *args: str,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    stdin: str = "",
+):
     """Run `sluice ...` as a separate process (the way systemd runs it)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
+        input=stdin,
         check=False,
         capture_output=True,
         text=True,

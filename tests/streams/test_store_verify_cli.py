@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.collectors.conftest import run_cli
 
 
 @pytest.fixture
@@ -19,18 +17,10 @@ def store_dir(tmp_path) -> Path:
 
 @pytest.fixture
 def sluice(store_dir):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLUICE_STORE": f"embedded:{store_dir}"}
+    env = {"SLUICE_STORE": f"embedded:{store_dir}"}
 
     def run(*args: str, stdin: str = "", rc: int = 0) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-            timeout=60,
-        )
+        proc = run_cli(*args, env=env, stdin=stdin, timeout=60)
         assert proc.returncode == rc, proc.stderr
         assert "Traceback" not in proc.stderr
         return proc

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ def connect(path: Path, file_mode: int = 0o600) -> sqlite3.Connection:
         problem = f"cannot be opened ({exc.strerror or exc})"
         raise BufferUnusable(path, problem, "check buffer_file and its directory") from None
     try:
-        return _prepare(conn, path)
+        return _prepare_when_unlocked(conn, path)
     except sqlite3.DatabaseError as exc:
         conn.close()
         problem = f"is not a SQLite database ({exc})"
@@ -41,6 +42,24 @@ def connect(path: Path, file_mode: int = 0o600) -> sqlite3.Connection:
     except BaseException:
         conn.close()
         raise
+
+
+LOCKED_WAIT_SECONDS = 60.0
+
+
+def _prepare_when_unlocked(conn: sqlite3.Connection, path: Path) -> sqlite3.Connection:
+    """`_prepare`, retried while another connection holds the file: switching a new file to
+    WAL takes an exclusive lock that SQLite's busy timeout does not wait for, so two
+    connections opening a new buffer at once (the collector and `collect status`) would
+    otherwise see "database is locked". A lock that outlasts the wait is an error."""
+    deadline = time.monotonic() + LOCKED_WAIT_SECONDS
+    while True:
+        try:
+            return _prepare(conn, path)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _prepare(conn: sqlite3.Connection, path: Path) -> sqlite3.Connection:

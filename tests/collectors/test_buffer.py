@@ -158,3 +158,30 @@ def test_a_batch_larger_than_the_capacity_is_refused_not_blocked_forever(path):
     buffer = Buffer(path, capacity_events=3)
     with pytest.raises(ValueError, match=re.escape("4 events can never fit a buffer of 3")):
         buffer.append([ev(i) for i in range(4)])
+
+
+def test_two_connections_opening_a_new_buffer_at_once_both_succeed(tmp_path):
+    """The collector creating its buffer while `collect status` opens it: switching a new
+    file to WAL locks it, and neither side may take that for "not a SQLite database"."""
+    import threading
+
+    from collectors.buffer.file import connect
+
+    for attempt in range(30):
+        path = tmp_path / f"race-{attempt}.db"
+        errors: list[BaseException] = []
+        start = threading.Barrier(2)
+
+        def open_it(path=path, errors=errors, start=start) -> None:
+            start.wait()
+            try:
+                connect(path).close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,9 +37,10 @@ def fsync_dir(path: Path) -> None:
 
 
 def staging_name(path: Path) -> Path:
-    """The hidden temporary name a new version of `path` is written to before its rename. It
+    """A hidden temporary name for a new version of `path`, unique to this writer (so two
+    processes replacing one file at once never rename each other's staging file away). It
     ends in `.tmp`, so no glob for the final files' extension (`*.parquet`) ever matches it."""
-    return path.with_name(f".{path.name}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 
 @contextmanager
@@ -46,11 +48,11 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     """Yield a temporary path to write `path`'s new content to, by any library: a file, or a
     directory of files. On a clean exit it is fsynced and renamed over `path` (a directory
     only onto a name that does not exist yet); on an error it is removed and `path` is left
-    as it was. A staging leftover of an earlier crash is removed first; parents are created."""
+    as it was (a crash may leave a hidden `.tmp` beside it, which nothing reads); parents are
+    created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_name(path)
-    _remove(staging)
     try:
         yield staging
         if staging.is_dir():

@@ -36,13 +36,36 @@ def test_staging_is_hidden_and_never_matches_the_final_extension(tmp_path):
     assert not staging.name.endswith(".parquet")
 
 
-def test_a_crash_leftover_is_replaced_and_a_directory_can_be_published(tmp_path):
+def test_a_directory_can_be_published(tmp_path):
     target = tmp_path / "state-000001"
-    leftover = durable.staging_name(target)
-    leftover.mkdir()
-    (leftover / "stale").write_text("from a crash")
     with durable.atomic_path(target) as staging:
         staging.mkdir()
         (staging / "left.arrow").write_bytes(b"1")
     assert sorted(p.name for p in target.iterdir()) == ["left.arrow"]
-    assert not leftover.exists()
+    assert os.listdir(tmp_path) == ["state-000001"]
+
+
+def test_writers_replacing_one_file_at_once_never_clash(tmp_path):
+    """Two processes creating one store at once both write its `store.json`."""
+    import threading
+
+    path = tmp_path / "store.json"
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def write(n: int) -> None:
+        start.wait()
+        try:
+            for _ in range(20):
+                durable.write_json(path, {"writer": n})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert json.loads(path.read_text())["writer"] in range(8)
+    assert os.listdir(tmp_path) == ["store.json"]

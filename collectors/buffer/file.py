@@ -64,9 +64,13 @@ def _prepare_when_unlocked(conn: sqlite3.Connection, path: Path) -> sqlite3.Conn
 
 def _prepare(conn: sqlite3.Connection, path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA busy_timeout = 60000")
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version == 0:
+    conn.execute("BEGIN")  # one snapshot: another connection may be creating the schema
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    finally:
+        conn.execute("COMMIT")
+    if version == 0:
         if tables:
             problem = f"is another program's SQLite database (tables {', '.join(sorted(tables))})"
             hint = "point buffer_file at a collector buffer, or move this file away"

@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.cli.options import slices_stream_option
+
 if TYPE_CHECKING:
     from pipeline.jobs.replay import Comparison
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from pipeline.jobs.slices import DEFAULT_SLICES_STREAM
 
     p = subparsers.add_parser(
         "replay",
@@ -38,12 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", type=Path, help="output directory (one model only)")
     p.add_argument("--schema", help="Avro schema of the stream (default: from sluice.toml)")
-    p.add_argument(
-        "--slices-stream",
-        default=DEFAULT_SLICES_STREAM,
-        metavar="SCOPE/STREAM",
-        help="where the slice is recorded",
-    )
+    slices_stream_option(p)
     p.add_argument(
         "--json",
         action="store_true",

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.cli.options import slices_stream_option
 from pipeline.cli.table import counted
 from pipeline.config import under_home
 from pipeline.errors import SluiceError
@@ -35,7 +36,6 @@ from pipeline.jobs.console import MAX_CHARS, ConsoleSpec, console
 from pipeline.jobs.export import DEFAULT_FORMATS, MAX_ROWS_PER_FILE, ExportSpec, export
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
-from pipeline.jobs.slices import DEFAULT_SLICES_STREAM
 from pipeline.jobs.stream_join import TIME_COLUMN, SeriesSource, StreamJoinSpec, join_streams
 
 if TYPE_CHECKING:
@@ -326,12 +326,7 @@ def _add_bookmark(jobs: argparse._SubParsersAction, common: argparse.ArgumentPar
         help="a slice where this function of a sample's row returns true (repeatable)",
     )
     p.add_argument("--min-samples", type=int, default=1, help="samples a slice needs")
-    p.add_argument(
-        "--slices-stream",
-        default=DEFAULT_SLICES_STREAM,
-        metavar=STREAM_HELP,
-        help="where the slices are recorded",
-    )
+    slices_stream_option(p)
     p.add_argument(
         "--name",
         default=DEFAULT_NAME,

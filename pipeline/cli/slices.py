@@ -9,12 +9,13 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from pipeline.cli.options import slices_stream_option
+
 if TYPE_CHECKING:
     from pipeline.jobs.slices import SliceExtent, SliceRecord
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from pipeline.jobs.slices import DEFAULT_SLICES_STREAM
 
     p = subparsers.add_parser("slices", help="bookmarked pieces of a stream's history")
     sub = p.add_subparsers(dest="slices_command", required=True, metavar="ACTION")
@@ -40,22 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="record the slice even when no event lies in the window (refused by default)",
     )
-    c.add_argument(
-        "--slices-stream",
-        default=DEFAULT_SLICES_STREAM,
-        metavar="SCOPE/STREAM",
-        help="where the slice is recorded",
-    )
+    slices_stream_option(c)
     c.set_defaults(func=_run_slices_create)
     ls = sub.add_parser("list", help="the slices of STREAM")
     ls.add_argument("stream", metavar="SCOPE/STREAM", help="the sliced stream")
     ls.add_argument("--json", action="store_true", help="one JSON object per slice")
-    ls.add_argument(
-        "--slices-stream",
-        default=DEFAULT_SLICES_STREAM,
-        metavar="SCOPE/STREAM",
-        help="where the slices are recorded",
-    )
+    slices_stream_option(ls)
     ls.set_defaults(func=_run_slices_list)
 
 

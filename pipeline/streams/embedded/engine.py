@@ -81,7 +81,8 @@ class Engine:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(mode=FileModes.from_environment().directory, parents=True, exist_ok=True)
+        self.modes = FileModes.from_environment()  # of every file and directory it creates
+        root.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
         self._files: dict[tuple[int, int], SegmentFile] = {}
         self._opened: set[int] = set()
         self.open_catalog()
@@ -247,7 +248,7 @@ class Engine:
         key = (row.id, segment)
         if key not in self._files:
             path = stream_dir(self.root, row.id) / f"{segment}.seg"
-            self._files[key] = SegmentFile(path)
+            self._files[key] = SegmentFile(path, self.modes)
         return self._files[key]
 
     # --- damage -------------------------------------------------------------------------

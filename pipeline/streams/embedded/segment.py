@@ -57,8 +57,9 @@ class Survey:
 
 
 class SegmentFile:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, modes: FileModes | None = None) -> None:
         self.path = path
+        self.modes = modes or FileModes.from_environment()
         self._fd: int | None = None
         self._thread_lock = threading.Lock()
 
@@ -67,9 +68,8 @@ class SegmentFile:
         if self._fd is None:
             existed = self.path.exists()
             with out_of_space(self.path):
-                modes = FileModes.from_environment()
-                self.path.parent.mkdir(mode=modes.directory, parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, modes.file)
+                self.path.parent.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, self.modes.file)
                 if not existed:  # make the new file's and its new directory's entries durable
                     for directory in (self.path.parent, *list(self.path.parents)[1:3]):
                         fsync_dir(directory)

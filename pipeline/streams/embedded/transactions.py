@@ -17,7 +17,6 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.config import FileModes
 from pipeline.durable import fsync_dir
 from pipeline.streams.api import Transaction, TxnState
 from pipeline.streams.embedded.blocks import (
@@ -101,9 +100,7 @@ class EmbeddedTransaction(Transaction):
             return
         self._require_open("take more events")
         if not self._dir.exists():
-            self._dir.mkdir(
-                mode=FileModes.from_environment().directory, parents=True, exist_ok=True
-            )
+            self._dir.mkdir(mode=self.engine.modes.directory, parents=True, exist_ok=True)
             fsync_dir(self._dir.parent)
         for segment, frames in sorted(self._pending.items()):
             self._flush_segment(segment, frames)
@@ -124,7 +121,7 @@ class EmbeddedTransaction(Transaction):
         new_file = not path.exists()
         data = b"".join(frames)
         with out_of_space(path):  # the recorded length is the truth: nothing past it counts
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, FileModes.from_environment().file)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, self.engine.modes.file)
             try:
                 written = os.pwrite(fd, data, body_len)  # over whatever a crash left there
                 if written != len(data):

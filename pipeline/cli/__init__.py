@@ -102,9 +102,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for module in wanted:
         try:
             importlib.import_module(module).register(subparsers)
-        except ModuleNotFoundError as exc:
+        except ModuleNotFoundError:
             if command is not None:
-                raise MissingInstall(command, exc.name or str(exc)) from None
+                raise  # `main` says which install the command needs
     for name, (_, help_text) in COMMANDS.items():
         if name not in subparsers.choices:
             subparsers.add_parser(name, help=help_text)
@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     except SluiceError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)
         return 1
-    except ModuleNotFoundError as exc:  # a platform package a command imports when it runs
+    except ModuleNotFoundError as exc:  # a platform package the command imports, when it
+        # registers or when it runs: one rule for both
         command = chosen_command(argv)
         if command is None or not exc.name or exc.name.split(".")[0] in OWN_PACKAGES:
             raise

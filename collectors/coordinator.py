@@ -20,6 +20,7 @@ from collectors.buffer.schema import BufferedEvent, TxnRecord
 from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
 from collectors.settings import InstanceSettings, TxnProtocol
+from collectors.wording import counted
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound
 
 log = logging.getLogger(__name__)
@@ -124,12 +125,12 @@ class TransactionCoordinator:
             if exc.state != "aborted":
                 raise
             log.warning(
-                "%s: the store aborted transaction %s before it committed (%s): its %d events "
+                "%s: the store aborted transaction %s before it committed (%s): its %s "
                 "go back to the queue and will be sent again in a new transaction",
                 self.settings.name,
                 txn.txn_id,
                 exc.reason,
-                record.events,
+                counted(record.events, "event"),
             )
             self.ledger.drop_open(txn.txn_id)
             return
@@ -185,12 +186,12 @@ class TransactionCoordinator:
             txn.commit(time_bounds=record.time_bounds)
         except TxnFailed as exc:
             log.warning(
-                "%s: the store aborted transaction %s (%s): its %d events go back to the queue "
+                "%s: the store aborted transaction %s (%s): its %s go back to the queue "
                 "and will be sent again in a new transaction",
                 self.settings.name,
                 record.txn_id,
                 exc.reason,
-                record.events,
+                counted(record.events, "event"),
             )
             self.ledger.requeue(record)
             return
@@ -219,11 +220,11 @@ class TransactionCoordinator:
         if state == "open":
             txn.abort()  # it never committed: nothing of it is visible, nor will be
         log.info(
-            "%s: transaction %s did not commit (%s): its %d events go back to the queue",
+            "%s: transaction %s did not commit (%s): its %s go back to the queue",
             self.settings.name,
             record.txn_id,
             state,
-            record.events,
+            counted(record.events, "event"),
         )
         self.ledger.drop_open(record.txn_id)
 
@@ -241,9 +242,9 @@ class TransactionCoordinator:
 
     def _doubtful(self, record: TxnRecord) -> None:
         note = (
-            f"the store does not know transaction {record.txn_id}: its {record.events} events "
-            f"(buffer ids {record.first_id}..{record.last_id}) may or may not be in "
-            f"{record.stream}; they are kept, not re-sent"
+            f"the store does not know transaction {record.txn_id}: its "
+            f"{counted(record.events, 'event')} (buffer ids {record.first_id}.."
+            f"{record.last_id}) may or may not be in {record.stream}; they are kept, not re-sent"
         )
         log.error("%s: %s", self.settings.name, note)
         self.ledger.mark_doubtful(record, note)

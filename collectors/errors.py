@@ -95,3 +95,15 @@ class BufferOwned(CollectorError):
             "until it has sent its buffer, or give this one its own buffer_file"
         )
         super().__init__(msg)
+
+
+class MetricsUnavailable(CollectorError):
+    """The metrics endpoint cannot listen where `metrics_address` and `metrics_port` say."""
+
+    def __init__(self, address: str, port: int, reason: str) -> None:
+        self.address, self.port, self.reason = address, port, reason
+        msg = (
+            f"metrics endpoint {address}:{port} cannot listen: {reason}; set another "
+            "metrics_port (or metrics_address) in [collector], or stop what holds that port"
+        )
+        super().__init__(msg)

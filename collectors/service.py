@@ -1,8 +1,10 @@
 """`sluice collect`: run every configured instance until a stop signal, then drain and exit.
 
 Start-up checks the settings, each driver's outside world (interface, device, directories,
-broker) and each buffer (its directory, that it is a collector buffer and this instance's)
-before anything starts: a problem is one `SluiceError` line, and nothing is sampled.
+broker), the metrics endpoint's port (`metrics_port`, if set: `metrics.py`) and each buffer
+(its directory, that it is a collector buffer and this instance's) before anything starts: a
+problem is one `SluiceError` line, and nothing is sampled. The endpoint serves until the
+drain is over.
 
 Shutdown, on SIGTERM, SIGINT or SIGHUP alike: drivers stop and hand their partial batches to
 the buffer; senders send what is buffered; what is left stays in the buffer, safe, and is
@@ -27,7 +29,9 @@ from collectors.drivers.base import Driver
 from collectors.drivers.registry import find_spec
 from collectors.failpoints import Failpoints
 from collectors.instance import Instance, prepare_directory
+from collectors.metrics import serve_metrics
 from collectors.settings import CollectorSettings, InstanceSettings
+from collectors.wording import counted
 from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,7 @@ def run_service(
     for inst in settings.instances:
         prepare_directory(inst, settings.state_dir, settings.file_modes)
     drivers = [(inst, create_driver(inst)) for inst in settings.instances]
+    metrics = serve_metrics(settings)  # a port it cannot listen on stops us here
     if install_signals:
         request.install()
     instances: list[Instance] = []
@@ -102,7 +107,11 @@ def run_service(
             settings.drain_timeout_seconds,
         )
     finally:
-        _shutdown(instances, settings.drain_timeout_seconds, request)
+        try:
+            _shutdown(instances, settings.drain_timeout_seconds, request)
+        finally:
+            if metrics is not None:
+                metrics.close()
     return 0
 
 
@@ -157,12 +166,12 @@ def _wait_halted(instances: list[Instance], deadline: float, hurry: threading.Ev
 
 def _report_left(instance: Instance, reason: str) -> None:
     left = instance.buffered()
-    instance.record_stop(f"{reason}; {left} events left in the buffer")
+    instance.record_stop(f"{reason}; {counted(left, 'event')} left in the buffer")
     if left:
         log.warning(
-            "%s: %d events stay in the buffer and will be sent at the next start",
+            "%s: %s stay in the buffer and will be sent at the next start",
             instance.settings.name,
-            left,
+            counted(left, "event"),
         )
     else:
         log.info("%s: buffer drained", instance.settings.name)

@@ -10,6 +10,7 @@ that names the key (or variable) to fix; `collector.example.toml` lists every se
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import tomllib
@@ -27,7 +28,16 @@ from pipeline.config import FileModes, StoreUriError, checked_store_uri
 from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS, InvalidName, parse_stream
 
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
-_COLLECTOR_KEYS = ("store", "state_dir", "drain_timeout_seconds", "unhealthy_after_seconds")
+_COLLECTOR_KEYS = (
+    "store",
+    "state_dir",
+    "drain_timeout_seconds",
+    "unhealthy_after_seconds",
+    "metrics_port",
+    "metrics_address",
+)
+#: Where the metrics endpoint listens unless `metrics_address` says otherwise: this box only.
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 
 #: How the sender commits a batch (see `coordinator.py`): `flush` needs a store whose
 #: transactions can be flushed, `commit` works with any store, `auto` picks by the store.
@@ -67,6 +77,10 @@ class CollectorSettings:
     #: store, for longer than this fails `sluice collect status --check`.
     unhealthy_after_seconds: float = 60.0
     file_modes: FileModes = field(default_factory=FileModes)
+    #: Serve Prometheus metrics (`collectors/metrics.py`) on this TCP port; None: no endpoint.
+    metrics_port: int | None = None
+    #: The address the metrics endpoint binds: loopback unless another is set explicitly.
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
 
 def load_settings(
@@ -91,6 +105,7 @@ def load_settings(
     state_dir = top.path("state_dir", home / "collector").absolute()
     drain = top.number("drain_timeout_seconds", 30.0)
     unhealthy_after = top.number("unhealthy_after_seconds", 60.0, positive=True)
+    metrics_port, metrics_address = _metrics_endpoint(top)
     top.finish(f"known: {', '.join(_COLLECTOR_KEYS)}")
 
     tables = {
@@ -120,6 +135,8 @@ def load_settings(
         tuple(notes),
         unhealthy_after,
         FileModes.from_environment(environ),
+        metrics_port,
+        metrics_address,
     )
 
 
@@ -130,6 +147,32 @@ def _store(r: OptionsReader, key: str, default: str, home: Path) -> str:
         return checked_store_uri(uri, r.origin(key), home)
     except StoreUriError:
         r.fail(key, "is not a store URI", "use embedded:<dir> or pravega://host:9090")
+
+
+def _metrics_endpoint(r: OptionsReader) -> tuple[int | None, str]:
+    """`metrics_port` (none: no endpoint) and `metrics_address` (an IP address, default
+    loopback; another one only when set, and only with a port to serve on)."""
+    port = None
+    if r.has("metrics_port"):
+        port = r.integer("metrics_port")
+        if not 1 <= port <= 65535:
+            hint = "use a fixed port from 1 to 65535 that your scraper is told, e.g. 9464"
+            r.fail("metrics_port", "is not a TCP port", hint)
+    if not r.has("metrics_address"):
+        return port, DEFAULT_METRICS_ADDRESS
+    address = r.text("metrics_address")
+    try:
+        address = str(ipaddress.ip_address(address))
+    except ValueError:
+        r.fail(
+            "metrics_address",
+            "is not an IP address",
+            "use 127.0.0.1 (the default: this box only), ::1, or an address of this box's "
+            "interfaces (0.0.0.0: every interface)",
+        )
+    if port is None:
+        r.fail("metrics_address", "is set but metrics_port is not", "set metrics_port too")
+    return port, address
 
 
 def _read_toml(path: Path) -> dict:

@@ -27,6 +27,7 @@ from collectors.batch import format_timestamp
 from collectors.buffer import PROMISED_UP_TO
 from collectors.buffer.status import read_counters, read_meta
 from collectors.settings import CollectorSettings, InstanceSettings
+from collectors.wording import counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class InstanceStatus:
     sender_state: str | None = None
     depth_events: int = 0
     queued_samples: int = 0
+    samples_read: int = 0  # by the driver: buffered, and shed on a full buffer
     capacity_events: int = 0
     pending_txns: int = 0
     doubtful_txns: int = 0
@@ -86,6 +88,7 @@ def instance_status(
         return InstanceStatus(**base, sender_state="never started", problems=["not running"])
     conn = sqlite3.connect(f"file:{inst.buffer_file}?mode=ro", uri=True, timeout=10.0)
     try:
+        conn.execute("BEGIN")  # one snapshot: counters, depth and records agree
         found = _read(conn, now_ns)
     except sqlite3.DatabaseError as exc:
         problem = f"buffer unreadable: {exc}"
@@ -156,9 +159,10 @@ def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
     ).fetchone()[0]
     states = dict(conn.execute("SELECT state, count(*) FROM txns GROUP BY state"))
     meta = read_meta(conn)
+    counters = read_counters(conn)
     last = int(meta["last_committed_ns"]) if "last_committed_ns" in meta else None
     errors = [
-        {"time": format_timestamp(t), "source": s, "message": m}
+        {"time": format_timestamp(t), "time_ns": t, "source": s, "message": m}
         for t, s, m in conn.execute(
             "SELECT time_ns, source, message FROM errors ORDER BY id DESC LIMIT 5"
         )
@@ -173,7 +177,8 @@ def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
         "last_committed_ns": last,
         "lag_seconds": None if last is None else max(0.0, (now_ns - last) / 1e9),
         "oldest_buffered_ns": oldest,
-        "counters": read_counters(conn),
+        "samples_read": counters.get("samples_buffered", 0) + counters.get("samples_shed", 0),
+        "counters": counters,
         "last_errors": errors,
         "meta": meta,
     }
@@ -206,17 +211,21 @@ def format_status(statuses: list[InstanceStatus]) -> str:
             state = f"not running, {s.last_stop or s.sender_state}"
         lines = [
             f"{s.name} ({s.driver} -> {s.stream}): {state}",
-            f"  buffer: {s.depth_events}/{s.capacity_events} events "
-            f"({s.queued_samples} samples waiting), {s.buffer_file}",
+            f"  buffer: {s.depth_events:,}/{counted(s.capacity_events, 'event')} "
+            f"({counted(s.queued_samples, 'sample')} waiting), {s.buffer_file}",
+            f"  read: {counted(s.samples_read, 'sample')}, buffered in "
+            f"{counted(c.get('events_buffered', 0), 'event')}",
             f"  last committed sample: {_time(s.last_committed_ns)}"
             + (f" (lag {s.lag_seconds:.1f}s)" if s.lag_seconds is not None else ""),
             f"  oldest buffered sample: {_time(s.oldest_buffered_ns)}",
-            f"  committed: {c.get('samples_committed', 0)} samples in "
-            f"{c.get('events_committed', 0)} events, {c.get('txns_committed', 0)} txns; "
-            f"shed: {c.get('samples_shed', 0)} samples; quarantined: {c.get('quarantined', 0)}; "
+            f"  committed: {counted(c.get('samples_committed', 0), 'sample')} in "
+            f"{counted(c.get('events_committed', 0), 'event')}, "
+            f"{counted(c.get('txns_committed', 0), 'txn')}; "
+            f"shed: {counted(c.get('samples_shed', 0), 'sample')}; "
+            f"quarantined: {c.get('quarantined', 0):,}; "
             f"blocked: {c.get('blocked_ms', 0) / 1000:.1f}s",
-            f"  transactions: {_protocol(s)}; awaiting commit: {s.pending_txns}; "
-            f"doubtful: {s.doubtful_txns}; errors: {c.get('errors', 0)}",
+            f"  transactions: {_protocol(s)}; awaiting commit: {s.pending_txns:,}; "
+            f"doubtful: {s.doubtful_txns:,}; errors: {c.get('errors', 0):,}",
         ]
         if s.connected is not None:
             lines.insert(1, f"  {'connected' if s.connected else 'NOT connected'}: {s.connection}")

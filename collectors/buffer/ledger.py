@@ -17,6 +17,7 @@ from collectors.buffer.file import BufferFile
 from collectors.buffer.schema import BufferedEvent, TxnRecord, TxnRecordState
 from collectors.buffer.status import add_counters, raise_last_committed
 from collectors.errors import BufferCorrupt
+from collectors.wording import counted
 
 #: The last buffer id promised to a recorded transaction; the send queue starts after it.
 #: Every record with a range holds its rows out of the queue until it is resolved: `ready`
@@ -160,8 +161,8 @@ class TxnLedger:
         ).fetchone()[0]
         if promised >= first or held != n or last - first + 1 != n:
             detail = (
-                f"batch {first}..{last} of {n} events overlaps a promised range (up to "
-                f"{promised}) or has gaps ({held} rows held)"
+                f"batch {first}..{last} of {counted(n, 'event')} overlaps a promised range "
+                f"(up to {promised}) or has gaps ({counted(held, 'row')} held)"
             )
             raise BufferCorrupt(self.file.path, detail)
 

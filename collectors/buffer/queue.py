@@ -26,6 +26,7 @@ from collectors.buffer.file import BufferFile, WriteTurns
 from collectors.buffer.ledger import TxnLedger
 from collectors.buffer.schema import BufferedEvent, CursorState, PendingEvent
 from collectors.failpoints import Failpoints
+from collectors.wording import counted
 from pipeline.streams import MAX_EVENT_SIZE, EventTooLarge
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ class Buffer(BufferFile):
                 raise EventTooLarge(len(event.payload), MAX_EVENT_SIZE)
         if len(events) > self.capacity_events:
             msg = (
-                f"{len(events)} events can never fit a buffer of {self.capacity_events}: "
+                f"{counted(len(events), 'event')} can never fit a buffer of "
+                f"{self.capacity_events}: "
                 "append at most capacity_events at a time"
             )
             raise ValueError(msg)
@@ -105,9 +107,9 @@ class Buffer(BufferFile):
             if blocked_since is None:
                 blocked_since = time.monotonic()
                 log.warning(
-                    "%s: buffer full (%d events): blocking the driver until the sender makes room",
+                    "%s: buffer full (%s): blocking the driver until the sender makes room",
                     self.path.name,
-                    self.capacity_events,
+                    counted(self.capacity_events, "event"),
                 )
             if stop is not None and stop.is_set():
                 self.add_counters({"blocked_ms": _ms_since(blocked_since)})
@@ -163,12 +165,12 @@ class Buffer(BufferFile):
         if now - self._last_shed_log >= 10.0:
             self._last_shed_log = now
             log.warning(
-                "%s: buffer full (%d events): shedding new samples (%d events, %d samples "
-                "shed so far in this run); raise capacity_events or fix the store connection",
+                "%s: buffer full (%s): shedding new samples (%s, %s shed so far in this "
+                "run); raise capacity_events or fix the store connection",
                 self.path.name,
-                self.capacity_events,
-                self._shed_events,
-                self._shed_samples,
+                counted(self.capacity_events, "event"),
+                counted(self._shed_events, "event"),
+                counted(self._shed_samples, "sample"),
             )
         self.flush_counters(min_interval=1.0)
 

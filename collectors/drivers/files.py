@@ -33,6 +33,7 @@ from collectors.drivers.base import (
 )
 from collectors.errors import DriverError
 from collectors.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
+from collectors.wording import counted
 
 EVENTS_PER_COMMIT = 100
 FILE_STATE_VERSION = 2  # 2: `digest`, the SHA-256 of the bytes ingested
@@ -266,7 +267,8 @@ class FilesDriver:
                     return  # stopping: a restart resumes after the rows just committed
         final = self._commit(ctx, chunk, state, done=True)
         if final is not None:
-            ctx.log.info("ingested %s: %d rows in %d events", path, final.rows_done, final.events)
+            rows, events = counted(final.rows_done, "row"), counted(final.events, "event")
+            ctx.log.info("ingested %s: %s in %s", path, rows, events)
             ctx.buffer.add_counters({"files_done": 1})
             self._completed(ctx, path)
 
@@ -356,7 +358,8 @@ class FilesDriver:
             self._fail(ctx, path, reason, record)
         else:
             _forget(ctx, path)
-            ctx.error("file", f"{path} disappeared after {record.rows_done} rows were sent")
+            sent = counted(record.rows_done, "row")
+            ctx.error("file", f"{path} disappeared after {sent} were sent")
 
     def _vanished(self, ctx: DriverContext, path: Path) -> None:
         ctx.log.warning("%s disappeared before it was read: skipped", path)

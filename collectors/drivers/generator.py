@@ -23,6 +23,7 @@ from collectors.drivers.base import (
     DriverSettings,
     OptionsReader,
 )
+from collectors.wording import counted
 
 CURSOR = "generator"
 CURSOR_VERSION = 1
@@ -81,7 +82,7 @@ class GeneratorDriver:
                 schedule.restart(next_seq + burst)  # a stall: do not owe more than one burst
             count = self._count(next_seq, schedule.due() - next_seq)
             if count is None:
-                ctx.log.info("generated all %d samples", self.options.max_samples)
+                ctx.log.info("generated all %s", counted(self.options.max_samples, "sample"))
                 return
             if count == 0:  # not a whole event due yet
                 if not ctx.wait(schedule.seconds_until(next_seq + per_event)):

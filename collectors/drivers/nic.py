@@ -22,6 +22,7 @@ from collectors.batch import ColumnBatch, camel_case
 from collectors.drivers.base import DriverContext, DriverSettings, OptionsReader
 from collectors.errors import DriverError
 from collectors.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
+from collectors.wording import counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +144,7 @@ class NicDriver:
             buffer, pending = pending + data, (pending + data)[whole:]
             for timestamp, *values in fmt.iter_unpack(buffer[:whole]):
                 if timestamp == MISSED:
-                    ctx.error("pace", f"fell behind: {values[0]} samples not taken")
+                    ctx.error("pace", f"fell behind: {counted(values[0], 'sample')} not taken")
                 else:
                     batch.add(timestamp, values)
             while len(batch) >= per_event:

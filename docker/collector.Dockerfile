@@ -50,6 +50,9 @@ VOLUME ["/var/lib/sluice/collector", "/var/lib/sluice/streams"]
 
 USER sluice
 STOPSIGNAL SIGTERM
+# Prometheus metrics, when collector.toml sets metrics_port = 9464 (and metrics_address =
+# "0.0.0.0": loopback inside a container reaches no one).
+EXPOSE 9464
 # Healthy while every instance runs, its driver reaches its source (an MQTT broker) and its
 # sender the store, each within unhealthy_after_seconds (collector.toml).
 HEALTHCHECK --interval=30s --timeout=10s --start-period=20s --retries=2 \

@@ -340,3 +340,17 @@ def test_an_address_not_of_this_box_is_a_clear_error(make_config):
     )
     with pytest.raises(MetricsUnavailable, match=re.escape("the address is not one of this box's")):
         serve_metrics(config)
+
+
+def test_the_docker_deployment_exposes_the_port_its_collector_serves():
+    import tomllib
+
+    import yaml
+
+    docker = REPO / "docker"
+    collector = tomllib.loads((docker / "collector.toml").read_text())["collector"]
+    service = yaml.safe_load((docker / "compose.yaml").read_text())["services"]["collector"]
+    assert [int(p) for p in service["expose"]] == [collector["metrics_port"]]
+    assert "ports" not in service  # on the compose network only, never on a host interface
+    dockerfile = (docker / "collector.Dockerfile").read_text()
+    assert f"EXPOSE {collector['metrics_port']}\n" in dockerfile

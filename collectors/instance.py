@@ -35,6 +35,11 @@ from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)
 
+#: `sluice collect status` (and so every metrics scrape) tells whether an instance runs by
+#: taking a shared lock on its lock file for a moment: a start-up that meets one waits this
+#: long before it decides that another collector owns the buffer.
+LOCK_PATIENCE_SECONDS = 1.0
+
 
 class InstanceContext:
     """What the instance gives its driver: `drivers.base.DriverContext`, implemented over the
@@ -272,9 +277,13 @@ def _lock(settings: InstanceSettings, file_mode: int) -> int:
     except OSError as exc:
         problem = f"its lock file {path} cannot be created ({exc.strerror or exc})"
         raise BufferUnusable(settings.buffer_file, problem, "check buffer_file") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise BufferLocked(settings.name, settings.buffer_file) from None
-    return fd
+    deadline = time.monotonic() + LOCK_PATIENCE_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise BufferLocked(settings.name, settings.buffer_file) from None
+            time.sleep(0.01)

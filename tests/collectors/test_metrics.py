@@ -354,3 +354,32 @@ def test_the_docker_deployment_exposes_the_port_its_collector_serves():
     assert "ports" not in service  # on the compose network only, never on a host interface
     dockerfile = (docker / "collector.Dockerfile").read_text()
     assert f"EXPOSE {collector['metrics_port']}\n" in dockerfile
+
+
+def test_a_status_probe_at_start_up_is_waited_for_not_taken_for_an_owner(make_config):
+    """`collect status` and every scrape take a shared lock on an instance's lock file for a
+    moment; a collector starting meanwhile waits for it rather than refusing to start."""
+    import fcntl
+    import threading
+    import time
+
+    from collectors.errors import BufferLocked
+    from collectors.instance import LOCK_PATIENCE_SECONDS, _lock
+
+    inst = make_config({"gen": generator()}).instances[0]
+    inst.buffer_file.parent.mkdir(parents=True)
+    lock_file = inst.buffer_file.with_name(inst.buffer_file.name + ".lock")
+    probe = os.open(lock_file, os.O_RDONLY | os.O_CREAT, 0o600)
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    threading.Timer(0.3, os.close, (probe,)).start()  # the probe lets go
+    os.close(_lock(inst, 0o600))
+
+    owner = os.open(lock_file, os.O_RDONLY)
+    fcntl.flock(owner, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held for good: another collector
+    try:
+        started = time.monotonic()
+        with pytest.raises(BufferLocked, match=re.escape("is in use by another running")):
+            _lock(inst, 0o600)
+        assert time.monotonic() - started >= LOCK_PATIENCE_SECONDS
+    finally:
+        os.close(owner)

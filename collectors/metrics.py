@@ -122,7 +122,8 @@ class _Families:
         )
         self.last_error = GaugeMetricFamily(
             PREFIX + "last_error_timestamp_seconds",
-            "When each source (the driver, the sender) last recorded an error, and its message.",
+            "When each source (the driver, the sender) last recorded an error, and its message,"
+            " among the five newest errors that collect status lists.",
             labels=(*LABELS, "source", "message"),
         )
         self.info = InfoMetricFamily(

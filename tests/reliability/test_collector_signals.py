@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.wording import counted
 from tests.collectors.conftest import REPO, read_payloads, run_cli, toml_text, wait_for
 
 STREAM = "lab/signals"
@@ -87,7 +88,7 @@ def test_each_stop_signal_drains_in_time_at_an_impossible_rate(tmp_path, store_d
     assert report["running"] is False
     assert (
         report["last_stop"]
-        == f"{signum.name} received; {len(left) // 1000} events left in the buffer"
+        == f"{signum.name} received; {counted(len(left) // 1000, 'event')} left in the buffer"
     )
 
 

@@ -50,7 +50,7 @@ def run_piped(store_uri: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def run_on_terminal(store_uri: str, *args: str) -> tuple[int, str, str]:
+def run_on_terminal(store_uri: str, *args: str, timeout: float = 60) -> tuple[int, str, str]:
     """`sluice …` with standard error on a real pseudo-terminal (80 columns) and standard
     output a pipe: (exit code, what the terminal got, standard output)."""
     main_fd, terminal_fd = pty.openpty()
@@ -64,7 +64,7 @@ def run_on_terminal(store_uri: str, *args: str) -> tuple[int, str, str]:
     )
     os.close(terminal_fd)
     seen = bytearray()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([main_fd], [], [], 0.1)
         if ready:

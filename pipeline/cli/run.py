@@ -197,7 +197,7 @@ def _start(
 def reading(args: argparse.Namespace) -> str:
     """What a job reads, and from where (`--from` counts on a new checkpoint only)."""
     streams = getattr(args, "stream", None) or f"{args.left} and {args.right}"
-    return f"{streams} from {args.starting}, or from where its checkpoint stopped"
+    return f"{streams} from {args.starting} (or where its checkpoint stopped)"
 
 
 def _session(task: Task) -> SparkSession:

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import select
 import struct
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli
-from pipeline.cli.progress import LineTask, Progress
+from pipeline.cli.progress import BarTask, LineTask, Progress
 from pipeline.jobs.runner import BatchReport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,6 +163,28 @@ def test_one_byte_and_one_event_are_singular(capsys):
     assert "2 events, 2 rows" in two.line()
 
 
+def test_verbose_on_a_terminal_keeps_stages_and_notes_above_the_bar(monkeypatch):
+    main_fd, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    with os.fdopen(terminal_fd, "w") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        for verbose in (True, False):
+            task = BarTask("job", "event", verbose)
+            task.stage(f"stage {verbose}")
+            task.note(f"note {verbose}")
+            task.status("3 events so far")
+            task.close()
+        terminal.flush()
+        seen = b""
+        while select.select([main_fd], [], [], 0.2)[0]:
+            seen += os.read(main_fd, 65536)
+    os.close(main_fd)
+    text = seen.decode()
+    assert "job: stage True\r\n" in text and "note True\r\n" in text  # lines that stay
+    assert "job: stage False" in text and "note False" not in text  # on the bar only
+    assert re.search(r"\rjob: 3 events so far \[\d\d:\d\d\]", text)
+
+
 def test_the_style_follows_quiet_verbose_and_the_terminals(monkeypatch):
     from argparse import Namespace
 
@@ -216,8 +239,8 @@ def test_replay_shows_its_steps_on_stderr(spark, store, store_dir, monkeypatch, 
     record = time_window_slice(store, STREAM, T0, T0 + 3 * second, sensor="edge1")
     record_slices(store, [record])
     argv = ["--store", f"embedded:{store_dir}", "replay", record.slice_id]
-    argv += ["--schema", "NetworkSamples", "--model", "pipeline.models.nic:throughput"]
-    assert cli.main(argv) == 0
+    argv += ["--schema", "NetworkSamples"]
+    assert cli.main([*argv, "--model", "pipeline.models.nic:throughput"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert captured.out.count("\n") == 1  # one JSON line, as before
@@ -230,3 +253,12 @@ def test_replay_shows_its_steps_on_stderr(spark, store, store_dir, monkeypatch, 
         f"replay: running pipeline.models.nic:throughput on {rows} rows",
         f"replay: writing {summary['output_rows']} result rows",
     ]
+    compare = ["--store", f"embedded:{store_dir}", "replay", "compare", record.slice_id]
+    compare += ["--schema", "NetworkSamples", "--json", "--model", "pipeline.models.nic:throughput"]
+    assert cli.main([*compare, "--model", "pipeline.models.nic:throughput,burst_mbps=1"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["slice_id"] == record.slice_id
+    stages = [line.split(": ", 2)[1] for line in captured.err.splitlines()]
+    assert stages[:2] == [f"finding slice {record.slice_id}", "starting Spark"]
+    assert stages[2:] == ["a", "a", "a", "b", "b", "b", "comparing the results"]
+    assert all(line.startswith("replay compare: ") for line in captured.err.splitlines())

@@ -26,13 +26,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def filled(store, store_dir) -> str:
-    """A stream of two segments, 300 events in all; its store URI."""
-    store.create_stream("site/net", segments=2)
-    with store.writer("site/net") as writer:
-        for i in range(300):
-            writer.write(f'{{"n": {i}}}'.encode(), routing_key=f"k{i % 5}")
-    return f"embedded:{store_dir}"
+def filled(store_dir) -> str:
+    """A stream of two segments, 300 events in all; its store URI (the store is closed, so
+    `sluice store repair` may run on it)."""
+    from pipeline.streams import open_store
+
+    uri = f"embedded:{store_dir}"
+    with open_store(uri) as store:
+        store.create_stream("site/net", segments=2)
+        with store.writer("site/net") as writer:
+            for i in range(300):
+                writer.write(f'{{"n": {i}}}'.encode(), routing_key=f"k{i % 5}")
+    return uri
 
 
 def sluice_env(store_uri: str) -> dict[str, str]:

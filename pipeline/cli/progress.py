@@ -1,4 +1,4 @@
-"""How long work shows its progress: on standard error only, the way each place expects it.
+"""Progress of long work, on standard error only and shown the way each place expects it.
 
     with Progress.of(args).task("verify") as task:
         store.verify(stream, task.count)

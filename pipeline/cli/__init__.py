@@ -83,11 +83,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--verbose",
         action="count",
         default=0,
-        help="log more on standard error: -v info, -vv debug (default: warnings and errors; "
-        "`sluice collect` logs info unless told otherwise)",
+        help="log more on standard error: -v info, -vv debug, and show progress in more "
+        "detail (default: warnings and errors; `sluice collect` logs info unless told "
+        "otherwise)",
     )
     loudness.add_argument(
-        "-q", "--quiet", action="store_true", help="log only errors on standard error"
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="log only errors on standard error, and show no progress",
     )
     parser.add_argument(
         "--store",

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.cli.table import counted
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -88,7 +90,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     print(f"database: {paths.database}")
     for source in exports:
         files = source.parquet_files()
-        state = f"{files} files" if files else "no files yet"
+        state = counted(files, "file") if files else "no files yet"
         print(f"export:   {source.name} <- {source.parquet_root} ({state})")
     print(f"slices:   {slices}")
     print(f"views:    {', '.join(views)}")
@@ -151,5 +153,6 @@ def cmd_plot_rates(args: argparse.Namespace) -> int:
         output=args.output,
         max_points=args.max_points,
     )
-    print(f"wrote {result.path} ({result.points:,} points from {result.samples:,} samples)")
+    points, samples = counted(result.points, "point"), counted(result.samples, "sample")
+    print(f"wrote {result.path} ({points} from {samples})")
     return 0

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.cli.options import slices_stream_option
+from pipeline.cli.progress import Progress, Task
+from pipeline.cli.table import counted
 
 if TYPE_CHECKING:
-    from pipeline.jobs.replay import Comparison
+    from pipeline.jobs.replay import Comparison, OnStep, ReplayStep
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,10 +97,16 @@ def _run_replay(args: argparse.Namespace) -> int:
     if len(models) != (2 if comparing else 1):
         wanted = "two --model options to compare" if comparing else "one --model"
         raise ModelError(args.model[0], f"give {wanted}")
-    with open_store(args.store) as store:
+    with (
+        open_store(args.store) as store,
+        Progress.of(args).task("replay compare" if comparing else "replay") as task,
+    ):
+        task.stage(f"finding slice {slice_id}")
         record = find_slice(store, slice_id, args.slices_stream)
         plan = flatten_plan(_schema_for(record.stream, args.schema))
+        task.stage("starting Spark")
         spark = spark_session()
+        sides = ("a: ", "b: ") if comparing else ("",)
         results = [
             replay(
                 spark,
@@ -109,11 +117,14 @@ def _run_replay(args: argparse.Namespace) -> int:
                 home=sluice_home(),
                 output_dir=args.output if not comparing else None,
                 slices_stream=args.slices_stream,
+                on_step=show_steps(task, side, model.spec),
             )
-            for model in models
+            for side, model in zip(sides, models, strict=True)
         ]
+        if comparing:
+            task.stage("comparing the results")
+            comparison = compare(*results)
     if comparing:
-        comparison = compare(*results)
         if args.json:
             print(json.dumps(comparison.as_dict(), indent=2, default=str))
         else:
@@ -136,6 +147,21 @@ def _run_replay(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def show_steps(task: Task, side: str, model: str) -> OnStep:
+    """A replay's steps as the stages of `task` (`side` names the model of a comparison)."""
+
+    def on_step(step: ReplayStep, count: int) -> None:
+        if step == "read":
+            text = f"reading the slice ({counted(count, 'byte')} between its cuts)"
+        elif step == "model":
+            text = f"running {model} on {counted(count, 'row')}"
+        else:
+            text = f"writing {counted(count, 'result row')}"
+        task.stage(side + text)
+
+    return on_step
 
 
 def comparison_text(comparison: Comparison) -> str:

@@ -6,8 +6,9 @@ A job is a spec, a run function and `spec.command_line()` in its module under `p
 here each job's flags become its spec (`job_spec(args)`), and parsing `spec.command_line()`
 gives that spec back. The run flags every job shares (`common_options`): `--checkpoint`,
 `--available-now` (default) or `--continuous [--trigger 10s]`, `--from head|tail|CUT` (first
-start only), `--max-events N` / `--max-bytes N` per batch. Each batch prints one line on
-stderr; the summary is JSON on stdout.
+start only), `--max-events N` / `--max-bytes N` per batch. Progress (starting Spark, where
+the job reads from, each batch) goes to stderr (`pipeline/cli/progress.py`); the summary is
+JSON on stdout.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.cli.options import slices_stream_option
+from pipeline.cli.progress import Progress, Task
 from pipeline.cli.table import counted
 from pipeline.config import under_home
 from pipeline.errors import SluiceError
@@ -145,10 +147,6 @@ def check_stream(store: str, stream: str) -> None:
         opened.info(stream)
 
 
-def print_report(report: BatchReport) -> None:
-    print(report.line(), file=sys.stderr, flush=True)
-
-
 def print_summary(summary: JobSummary) -> int:
     document = {
         "job": summary.job,
@@ -167,14 +165,45 @@ def print_summary(summary: JobSummary) -> int:
     return 0
 
 
-def _start(job: Callable[..., JobSummary], spec: Any, run: RunOptions) -> JobSummary:
-    """Run `job` over `spec` in this process's Spark session, reporting each batch."""
-    return job(_session(), spec, run, report=print_report)
+class BatchProgress:
+    """A job's batches as progress: each one's report as a line, the events so far on a bar."""
+
+    def __init__(self, task: Task) -> None:
+        self.task, self.events, self.batches = task, 0, 0
+
+    def __call__(self, report: BatchReport) -> None:
+        self.events += report.events
+        self.batches += 1
+        self.task.note(report.line())
+        lag = "?" if report.lag_bytes is None else counted(report.lag_bytes, "byte")
+        self.task.status(
+            f"{counted(self.events, 'event')} so far in "
+            f"{counted(self.batches, 'batch', 'batches')}, lag {lag}"
+        )
 
 
-def _session() -> SparkSession:
+def _start(
+    args: argparse.Namespace, job: Callable[..., JobSummary], spec: Any, run: RunOptions
+) -> JobSummary:
+    """Run `job` over `spec` in this process's Spark session, showing its progress (starting
+    Spark, where it reads from, each batch) on standard error."""
+    progress = Progress.of(args, data_on_stdout=job is console)
+    with progress.task(args.job) as task:
+        spark = _session(task)
+        task.stage(f"reading {reading(args)}")
+        return job(spark, spec, run, report=BatchProgress(task))
+
+
+def reading(args: argparse.Namespace) -> str:
+    """What a job reads, and from where (`--from` counts on a new checkpoint only)."""
+    streams = getattr(args, "stream", None) or f"{args.left} and {args.right}"
+    return f"{streams} from {args.starting} (or where its checkpoint stopped)"
+
+
+def _session(task: Task) -> SparkSession:
     from pipeline.spark.session import spark_session
 
+    task.stage("starting Spark")
     return spark_session()
 
 
@@ -217,7 +246,7 @@ def mirror_spec(args: argparse.Namespace) -> MirrorSpec:
 def _run_mirror(args: argparse.Namespace) -> int:
     spec, run = mirror_spec(args), run_options(args)
     check_stream(spec.store, spec.stream)
-    return print_summary(_start(mirror, spec, run))
+    return print_summary(_start(args, mirror, spec, run))
 
 
 def _add_export(jobs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -269,7 +298,7 @@ def _run_export(args: argparse.Namespace) -> int:
     spec, run = export_spec(args), run_options(args)
     flatten_plan(spec.schema, spec.time_field)  # refuse a bad schema before Spark starts
     check_stream(spec.store, spec.stream)
-    return print_summary(_start(export, spec, run))
+    return print_summary(_start(args, export, spec, run))
 
 
 def _add_console(jobs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -286,7 +315,7 @@ def console_spec(args: argparse.Namespace) -> ConsoleSpec:
 def _run_console(args: argparse.Namespace) -> int:
     spec, run = console_spec(args), run_options(args)
     check_stream(spec.store, spec.stream)
-    summary = _start(console, spec, run)
+    summary = _start(args, console, spec, run)
     print(counted(summary.events, "event"), file=sys.stderr)
     return 0
 
@@ -356,7 +385,7 @@ def _run_bookmark(args: argparse.Namespace) -> int:
     check_conditions(spec)  # before Spark starts
     flatten_plan(spec.schema)
     check_stream(spec.store, spec.stream)
-    return print_summary(_start(bookmark, spec, run))
+    return print_summary(_start(args, bookmark, spec, run))
 
 
 def _add_join(jobs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -406,4 +435,4 @@ def _run_join(args: argparse.Namespace) -> int:
     spec, run = join_spec(args), run_options(args)
     for stream in {spec.left.stream, spec.right.stream}:
         check_stream(spec.store, stream)
-    return print_summary(_start(join_streams, spec, run))
+    return print_summary(_start(args, join_streams, spec, run))

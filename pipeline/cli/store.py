@@ -7,7 +7,9 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from typing import IO
 
+from pipeline.cli.progress import Progress
 from pipeline.cli.table import counted
 from pipeline.errors import SluiceError
 from pipeline.streams import StreamCut, StreamStore, open_store
@@ -15,6 +17,8 @@ from pipeline.streams.api import Retention, ScalingPolicy
 
 FOLLOW_POLL_S = 0.2
 WRITE_FLUSH_EVERY = 1000
+#: A read between cuts this far apart shows its progress on standard error.
+LARGE_READ_BYTES = 64 * 1024 * 1024
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -165,13 +169,38 @@ def cmd_read(args: argparse.Namespace) -> int:
         start = resolve_cut(store, args.stream, args.start)
         while True:
             end = resolve_cut(store, args.stream, args.end or "tail")
-            for event in store.read(args.stream, start, end):
-                out.write(event.payload + b"\n")
-            out.flush()
+            read_between(store, args, (start, end), out)
             if not args.follow or args.end:
                 return 0
             start = end
             time.sleep(FOLLOW_POLL_S)
+
+
+def read_between(
+    store: StreamStore, args: argparse.Namespace, cuts: tuple[StreamCut, StreamCut], out: IO
+) -> None:
+    """Write the payloads between two cuts, one a line; a read of `LARGE_READ_BYTES` or more
+    shows its progress in bytes on standard error."""
+    start, end = cuts
+    total = bytes_between(start, end)
+    progress = Progress.of(args, data_on_stdout=True)
+    if total < LARGE_READ_BYTES:
+        progress = Progress("off")
+    with progress.task(f"read {args.stream}") as task:
+        done = 0
+        for event in store.read(args.stream, start, end):
+            out.write(event.payload + b"\n")
+            done += event.end_offset - event.offset
+            task.count(min(done, total), total)
+        out.flush()
+        task.count(total, total)
+
+
+def bytes_between(start: StreamCut, end: StreamCut) -> int:
+    """About how many bytes a read from `start` to `end` goes through (a segment the start
+    does not name is read from its beginning)."""
+    begin = start.segments
+    return sum(max(0, offset - begin.get(segment, 0)) for segment, offset in end.positions)
 
 
 def cmd_cut(args: argparse.Namespace) -> int:
@@ -220,38 +249,15 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-class ProgressLine:
-    """Progress of a scan on standard error: a line rewritten in place on a terminal, a plain
-    line every tenth of the way otherwise; nothing on standard output, which scripts parse."""
-
-    def __init__(self, what: str) -> None:
-        self.what, self.tty, self.shown = what, sys.stderr.isatty(), -1
-
-    def __call__(self, done: int, total: int) -> None:
-        tenth = 10 * done // total if total else 10
-        if self.tty:
-            percent = 100 * done // total if total else 100
-            print(f"\r{self.what}: {percent}% of {total:,} bytes", end="", file=sys.stderr)
-        elif tenth > self.shown:
-            print(f"{self.what}: {done:,} of {total:,} bytes", file=sys.stderr)
-        self.shown = tenth
-
-    def close(self) -> None:
-        if self.tty and self.shown >= 0:
-            print(file=sys.stderr)
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
-    progress = ProgressLine("verify")
-    with open_store(args.store) as store:
-        report = store.verify(args.stream, progress)
-    progress.close()
+    with open_store(args.store) as store, Progress.of(args).task("verify") as task:
+        report = store.verify(args.stream, task.count)
     for problem in report.problems:
         print(problem)
     checked = (
         f"{counted(report.streams, 'stream')}, {counted(report.segments, 'segment')}, "
         f"{counted(report.blocks, 'block')}, "
-        f"{report.bytes:,} bytes"
+        f"{counted(report.bytes, 'byte')}"
     )
     if report.ok:
         print(f"intact: {checked}")
@@ -265,10 +271,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    progress = ProgressLine("repair")
-    with open_store(args.store) as store:
-        report = store.repair(args.stream, progress)
-    progress.close()
+    with open_store(args.store) as store, Progress.of(args).task("repair") as task:
+        report = store.repair(args.stream, task.count)
     for problem in report.fixed:
         print(f"fixed: {problem}")
     for problem in report.unfixed:

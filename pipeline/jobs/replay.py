@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,12 @@ LINEAGE_VERSION = 2
 #: `params`, which version 1 already wrote in the canonical form)
 READABLE_LINEAGE_VERSIONS = (1, 2)
 ROW_TIME, ROW_KEY = "_time_ns", "_routing_key"
+
+#: A replay's long steps, in order: reading the slice (told the bytes between its cuts),
+#: running the model (the rows it gets), writing the results (the rows it returned).
+ReplayStep = Literal["read", "model", "write"]
+#: Told each step as it starts, with its count: how `sluice replay` shows its progress.
+OnStep = Callable[[ReplayStep, int], None]
 
 
 class ReplayError(SluiceError):
@@ -424,8 +430,10 @@ def replay(
     home: Path,
     output_dir: Path | None = None,
     slices_stream: str = DEFAULT_SLICES_STREAM,
+    on_step: OnStep | None = None,
 ) -> ReplayResult:
-    """Replay one slice through one model (see the module doc)."""
+    """Replay one slice through one model (see the module doc); `on_step` is told each
+    `ReplayStep` as it starts."""
     import pyarrow.parquet as pq
 
     started = _now()
@@ -434,10 +442,15 @@ def replay(
     output_dir = Path(output_dir or key.directory(home)).absolute()
     claim_output(output_dir, key.run_id)
     check_readable(store, record)
+    step = on_step or (lambda _step, _count: None)
+    start_cut, end_cut = record.cuts
+    step("read", start_cut.bytes_until(end_cut))
     events, between = read_events(spark, store.uri, record)
     check_readable(store, record)  # truncated while reading: the read may have missed data
     rows, quarantined = flatten_slice(events, record, plan)
+    step("model", rows.num_rows)
     results, model_metrics = run_model(model, rows.to_pandas())
+    step("write", results.num_rows)
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.parquet"
     with durable.atomic_path(results_path) as staging:

@@ -100,8 +100,10 @@ class BatchReport:
 
     def line(self) -> str:
         lag = "?" if self.lag_bytes is None else f"{self.lag_bytes} B"
+        events = f"{self.events} event{'s' if self.events != 1 else ''}"
+        rows = f"{self.rows} row{'s' if self.rows != 1 else ''}"
         return (
-            f"{self.job} batch {self.batch_id}: {self.events} events, {self.rows} rows, "
+            f"{self.job} batch {self.batch_id}: {events}, {rows}, "
             f"{self.quarantined} quarantined, lag {lag}, {self.duration_ms} ms, "
             f"cuts {self.start_cut or 'start'} .. {self.end_cut}"
         )

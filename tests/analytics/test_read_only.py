@@ -253,7 +253,7 @@ def test_an_export_written_anywhere_is_found_through_its_record(configured, tmp_
     assert record_export(spec) == first  # one record per directory
     assert cli.main(["analytics", "refresh"]) == 0
     out = capsys.readouterr().out
-    assert f"export:   site/other <- {outside / 'parquet'} (1 files)" in out
+    assert f"export:   site/other <- {outside / 'parquet'} (1 file)" in out
     assert query(
         AnalyticsPaths.from_settings(configured),
         "SELECT export, count(*) FROM samples GROUP BY 1 ORDER BY 1",

@@ -149,17 +149,19 @@ def _default_text(field: msgspec.structs.FieldInfo) -> str | None:
     if field.required:
         return None
     value = field.default if field.default is not msgspec.NODEFAULT else field.default_factory()
-    if isinstance(value, msgspec.Struct | dict) and not isinstance(value, dict):
-        return "(table)"
-    if value == {} or value == ():
-        return "empty" if value == {} else "[]"
-    if isinstance(value, tuple):
-        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if value is None:
-        return "unset"
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, msgspec.Struct):
+        text = "(table)"
+    elif isinstance(value, dict | tuple) and not value:
+        text = "empty" if isinstance(value, dict) else "[]"
+    elif isinstance(value, tuple):
+        text = "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    elif isinstance(value, str):
+        text = f'"{value}"'
+    elif value is None:
+        text = "unset"
+    else:
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+    return text
 
 
 def _field_comments(cls: type) -> dict[str, str]:

@@ -123,6 +123,7 @@ class Outcome:
 def run(guide: Path, home: Path, timeout: float) -> Outcome:
     """Run `guide`'s steps from the checkout's root; which step failed, with its output."""
     guide_steps = steps(guide)
+    home.mkdir(parents=True, exist_ok=True)  # as `export SLUICE_HOME=$(mktemp -d)` makes it
     env = environment(home, home.parent / f"{home.name}-bin")
     done = subprocess.run(
         ["bash", "-c", script(guide_steps)],

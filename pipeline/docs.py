@@ -399,6 +399,8 @@ def _collector_default(read: _Read, missing: object) -> str | None:
         return None
     if not read.kind or read.default is None:
         return "unset"
+    if read.default == socket.gethostname():
+        return '"<host name>"'
     text = str(read.default)
     if isinstance(read.default, tuple | list):
         text = "[" + ", ".join(f'"{v}"' for v in read.default) + "]"
@@ -406,7 +408,7 @@ def _collector_default(read: _Read, missing: object) -> str | None:
         text = text.lower()
     elif isinstance(read.default, str):
         text = f'"{text}"'
-    return text.replace(_HOME, "$SLUICE_HOME").replace(socket.gethostname(), "<host name>")
+    return text.replace(_HOME, "$SLUICE_HOME")
 
 
 def _common_comments() -> dict[str, str]:

@@ -6,7 +6,9 @@ the runner itself are fast."""
 
 from __future__ import annotations
 
+import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,9 @@ def test_the_guides_with_commands_are_found():
 @pytest.mark.parametrize("guide", GUIDES, ids=lambda p: p.name)
 def test_guide(guide, tmp_path):
     outcome = guides.run(guide, tmp_path / "home", timeout=840)
+    if log_dir := os.environ.get("SLUICE_TEST_DOCS_LOG"):  # what a reader would have seen
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(log_dir) / f"{guide.stem}.log").write_text(outcome.output)
     if outcome.returncode != 0:
         pytest.fail(guides.describe(outcome, guide), pytrace=False)
 

@@ -72,7 +72,14 @@ _DESCRIPTIONS: dict[str, str] = {
     "checks.mirror_lag_max_bytes": "warning check: the mirror's lag behind the edge tail",
     "dagster.timezone": "the timezone of the replay schedule",
     "analytics.database": "the DuckDB file of the views (relative to $SLUICE_HOME)",
-    "spark": 'Spark settings, read by pipeline/spark/session.py (master = "local[2]", …)',
+    "spark.master": "the Spark master: local[*], spark://host:7077, k8s://…, yarn "
+    "(SLUICE_SPARK_MASTER)",
+    "spark.app_name": "the Spark application's name",
+    "spark.driver_host": "the address the driver binds to and advertises "
+    "(SLUICE_SPARK_DRIVER_HOST); a cluster's workers must reach it",
+    "spark.log_level": "Spark's log level (SLUICE_SPARK_LOG_LEVEL)",
+    "spark.ui": "start the Spark UI (SLUICE_SPARK_UI)",
+    "spark.conf": 'any Spark configuration: [spark.conf] "spark.executor.memory" = "2g"',
     "collectors": "the demo's collector instances ([collectors.NAME], as a collector.toml's)",
     "collector.store": "the default store of every instance",
     "collector.state_dir": "where the buffers are (default $SLUICE_HOME/collector)",
@@ -246,7 +253,26 @@ def toml_settings() -> list[Setting]:
                 settings.append(Setting(key, _type_name(kind), _default_text(field), text))
 
     walk(SluiceToml, "")
-    return settings
+    return [row for s in settings for row in (_spark_settings() if s.key == "spark" else [s])]
+
+
+def _spark_settings() -> list[Setting]:
+    """`[spark]` is kept raw by `pipeline/settings.py` and read by `SparkSettings`."""
+    import dataclasses
+
+    from pipeline.spark.session import SparkSettings
+
+    rows = []
+    for field in dataclasses.fields(SparkSettings):
+        default = field.default if field.default is not dataclasses.MISSING else None
+        if field.name == "conf":
+            kind, text = "table", "empty"
+        else:
+            kind = _type_name(type(default))
+            text = str(default).lower() if isinstance(default, bool) else f'"{default}"'
+        key = f"spark.{field.name}"
+        rows.append(Setting(key, kind, text, _DESCRIPTIONS.get(key, "—")))
+    return rows
 
 
 def variables() -> list[tuple[str, str]]:

@@ -36,10 +36,15 @@ def test_every_setting_is_in_the_reference():
         "streams.NAME.bookmark.min_samples",
         "models.NAME.params",
         "checks.quarantine_rate_max",
+        "spark.master",
     } <= keys
-    collector = {s.key for s in docs.collector_settings()}
-    assert {"collector.drain_timeout_seconds", "instance.when_full", "nic.interface"} <= collector
-    assert all(s.default is not None for s in docs.collector_settings() if s.key == "mqtt.port")
+    collector = {s.key: s for s in docs.collector_settings()}
+    assert {"collector.drain_timeout_seconds", "instance.when_full", "nic.interface"} <= set(
+        collector
+    )
+    assert collector["mqtt.port"].default == "1883"
+    assert collector["nic.interface"].default is None  # required
+    assert collector["instance.when_full"].kind == "block | shed"
 
 
 def test_a_new_collector_setting_appears_without_editing_the_generator(monkeypatch):

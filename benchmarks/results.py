@@ -39,6 +39,8 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 #: `LOADED_AFTER_PER_CORE` per core (the run's own processes count there too).
 LOADED_PER_CORE = 0.5
 LOADED_AFTER_PER_CORE = 1.5
+#: Environment variables that change which code, Java or scratch disk a benchmark uses.
+SHOWN_ENVIRONMENT = ("PYTHONPATH", "JAVA_HOME", "SLUICE_BENCH_DIR", "SLUICE_SPARK_MASTER")
 LIBRARIES = ("pyspark", "duckdb", "pyarrow", "pandas", "numpy", "msgspec", "zlib-ng")
 HEADER = """# Benchmark results
 
@@ -268,13 +270,15 @@ class Recorder:
 
 
 def command_line() -> str:
-    """The command as typed from the repository root: interpreter, script, arguments."""
+    """The command as typed from the repository root: the environment that changes what runs
+    (`SHOWN_ENVIRONMENT`; never the rest, which may hold secrets), interpreter, script,
+    arguments."""
     python = Path(sys.executable)
     if python.is_relative_to(ROOT):
         python = python.relative_to(ROOT)
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
-    env = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("SLUICE_BENCH")]
+    env = [f"{k}={os.environ[k]}" for k in SHOWN_ENVIRONMENT if k in os.environ]
     return shlex.join([*env, str(python), str(shown), *sys.argv[1:]])
 
 

@@ -74,6 +74,13 @@ def test_a_section_has_the_command_figures_and_ratios(tmp_path: Path) -> None:
     assert "| verify | 12,500 MB/s |  |  |  |" in text
     assert "- CRC-32 from zlib-ng" in text
     rec = recorder("store", IDLE)
+    if "PYTHONPATH" in os.environ:  # which code ran is part of the command
+        assert rec.command.startswith(shlex.join([f"PYTHONPATH={os.environ['PYTHONPATH']}"]))
+    os.environ["SLUICE_TEST_SECRET"] = "x"
+    try:
+        assert "SLUICE_TEST_SECRET" not in recorder("store", IDLE).command
+    finally:
+        del os.environ["SLUICE_TEST_SECRET"]
     assert f"\n    {rec.command}\n" in rec.section(FIGURES, [], Machine.here(tmp_path), IDLE)
     assert shlex.split(rec.command)[-len(sys.argv) :] == [
         str(Path(sys.argv[0]).resolve().relative_to(ROOT))

@@ -1,5 +1,5 @@
-"""A block's event frames, parsed in one loop on every read: each frame is checked, and each
-routing key is decoded once per block without mixing two keys up (issue 11)."""
+"""A block's event frames, parsed on every read: each frame is checked before any event of the
+block is returned, and events with different routing keys in one block keep their own (issue 11)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_a_key_that_is_not_utf8_is_bad_even_after_good_ones():
         frames_of(events, damaged)
 
 
-def test_a_key_running_past_the_block_is_bad_not_a_cached_shorter_key():
+def test_a_key_running_past_the_block_is_bad_even_if_its_start_is_a_known_key():
     events = [(b"", "ab"), (b"", "abc")]
     _, body = block(events)
     cut = body[:-1]  # the second key loses its last byte: its first two equal the first key

@@ -183,51 +183,21 @@ def parse_frames(body: bytes | memoryview, header: BlockHeader) -> list[Frame]:
     over), so a damaged block raises `BadBlock` before any of its events is returned; the
     payloads are not copied yet. The first event's offset is the block's own offset and the
     last event's end is the block's end: reading from either boundary yields the same events.
-
-    This runs once per event of every read, so it is one loop with the frame header unpacked
-    in place and each distinct routing key decoded once per block (a writer's flush usually
-    holds one key); `frame_at` is the same check for a single frame.
     """
-    base, count, size = header.body_offset, header.events, len(body)
-    unpack, head_size, last = EVENT.unpack_from, EVENT.size, count - 1
-    keys: dict[bytes, str] = {}
-    frames: list[Frame] = []
-    pos = 0
+    pos, base, count, size = 0, header.body_offset, header.events, len(body)
+    frames = []
     for i in range(count):
-        start = pos + head_size
-        if start > size:
-            raise BadBlock(base + pos, "an event frame is cut short")
-        magic, key_len, payload_len = unpack(body, pos)
-        if magic != EVENT_MAGIC:
-            raise BadBlock(base + pos, "an event frame has no magic")
-        if key_len == NO_KEY:
-            key = None
-        else:
-            stop = start + key_len
-            if stop > size:
-                raise BadBlock(base + pos, "a routing key runs past its block")
-            raw = bytes(body[start:stop])
-            key = keys.get(raw)
-            if key is None:
-                key = keys[raw] = _key(raw, base + pos)
-            start = stop
-        end = start + payload_len
+        key, payload_at, payload_len = frame_at(body, pos, base)
+        end = payload_at + payload_len
         if end > size:
             raise BadBlock(base + pos, f"event {i + 1} of {count} runs past its block")
-        offset = base + pos if i else header.offset
-        frames.append((offset, header.end if i == last else base + end, key, start, end))
+        offset = header.offset if i == 0 else base + pos
+        end_offset = header.end if i == count - 1 else base + end
+        frames.append((offset, end_offset, key, payload_at, end))
         pos = end
     if pos != size:
         raise BadBlock(base + pos, f"{size - pos} bytes follow the last of {count} events")
     return frames
-
-
-def _key(raw: bytes, offset: int) -> str:
-    """A routing key's text; `BadBlock` at `offset` if it is not UTF-8."""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise BadBlock(offset, "a routing key is not UTF-8") from None
 
 
 def frame_at(buf: bytes | memoryview, pos: int, base: int = 0) -> tuple[str | None, int, int]:
@@ -243,7 +213,11 @@ def frame_at(buf: bytes | memoryview, pos: int, base: int = 0) -> tuple[str | No
         return None, start, payload_len
     if start + key_len > len(buf):
         raise BadBlock(base + pos, "a routing key runs past its block")
-    return _key(bytes(buf[start : start + key_len]), base + pos), start + key_len, payload_len
+    try:
+        key = bytes(buf[start : start + key_len]).decode()
+    except UnicodeDecodeError:
+        raise BadBlock(base + pos, "a routing key is not UTF-8") from None
+    return key, start + key_len, payload_len
 
 
 def iter_frames(body: bytes | memoryview) -> Iterator[tuple[str | None, bytes]]:

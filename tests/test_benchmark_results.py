@@ -65,7 +65,9 @@ def test_replace_section_leaves_text_around_the_markers() -> None:
     assert replace_section(new, "a", "new $1 \\1 body") == new
 
 
-def test_a_section_has_the_command_figures_and_ratios(tmp_path: Path) -> None:
+def test_a_section_has_the_command_figures_and_ratios(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = recorder("store", IDLE).write(FIGURES, ["CRC-32 from zlib-ng"], path=tmp_path / "R.md")
     text = path.read_text()
     assert "## `store.py`: store: the title line." in text
@@ -76,11 +78,8 @@ def test_a_section_has_the_command_figures_and_ratios(tmp_path: Path) -> None:
     rec = recorder("store", IDLE)
     if "PYTHONPATH" in os.environ:  # which code ran is part of the command
         assert rec.command.startswith(shlex.join([f"PYTHONPATH={os.environ['PYTHONPATH']}"]))
-    os.environ["SLUICE_TEST_SECRET"] = "x"
-    try:
-        assert "SLUICE_TEST_SECRET" not in recorder("store", IDLE).command
-    finally:
-        del os.environ["SLUICE_TEST_SECRET"]
+    monkeypatch.setenv("SLUICE_TEST_SECRET", "x")  # other variables may hold secrets
+    assert "SLUICE_TEST_SECRET" not in recorder("store", IDLE).command
     assert f"\n    {rec.command}\n" in rec.section(FIGURES, [], Machine.here(tmp_path), IDLE)
     assert shlex.split(rec.command)[-len(sys.argv) :] == [
         str(Path(sys.argv[0]).resolve().relative_to(ROOT))

@@ -73,8 +73,10 @@ format: install
 ui: install java
 	DAGSTER_HOME=$$($(PY) -m assets.instance) .venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
+# Every benchmark, each writing its section of benchmarks/RESULTS.md (benchmarks/results.py).
+BENCHMARKS := store mirror export replay collectors join cluster
 bench: install java
-	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py --write-results || exit 1; done
 
 clean:
 	rm -rf .sluice test-artifacts

@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results import Figure, Recorder  # noqa: E402  (benchmarks/results.py, beside this script)
+
 from benchmarks.export import parquet_rows, prepare  # noqa: E402
 from pipeline.spark.standalone import standalone_cluster  # noqa: E402
 
@@ -59,7 +61,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=10000)
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=8)
+    Recorder.add_option(parser)
     args = parser.parse_args()
+    recorder = Recorder(__file__, __doc__)
     per_batch = -(-args.events // args.batches)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -90,6 +94,15 @@ def main() -> None:
             f"scaling ratio 2 workers / 1 worker: {one.seconds / two.seconds:.2f}x wall time, "
             f"{two.steady_rate() / one.steady_rate():.2f}x steady-state throughput"
         )
+    if args.write_results:
+        what = f"export {expected:,} samples in {args.batches} batches, 2 workers"
+        wall = [expected / results[w].seconds / 1e6 for w in (2, 1)]
+        steady = [results[w].steady_rate() / 1e6 for w in (2, 1)]
+        figures = [
+            Figure(f"{what}, wall (start-up included)", "M samples/s", *wall, "1 worker"),
+            Figure(f"{what}, after the first batch", "M samples/s", *steady, "1 worker"),
+        ]
+        print(f"wrote {recorder.write(figures)}")
 
 
 if __name__ == "__main__":

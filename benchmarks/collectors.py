@@ -29,6 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results import Figure, Recorder  # noqa: E402  (benchmarks/results.py, beside this script)
+
 from collectors.failpoints import Failpoints  # noqa: E402
 from collectors.service import run_service  # noqa: E402
 from collectors.settings import load_settings  # noqa: E402
@@ -252,7 +254,9 @@ def main() -> None:
     parser.add_argument(
         "--interface", default="eth0" if Path("/sys/class/net/eth0").exists() else "lo"
     )
+    Recorder.add_option(parser)
     args = parser.parse_args()
+    recorder = Recorder(__file__, __doc__)
     # Goals: >= 99.9% of intervals within ±1 ms and < 10% of a core for the NIC;
     # >= 1,000,000 samples/s for the generator.
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-collectors-"))
@@ -294,8 +298,30 @@ def main() -> None:
             print(
                 f"  ratio collector/raw SQLite: {gen['samples_per_s'] / raw['samples_per_s']:.2f}"
             )
+        if args.write_results:
+            nic = (collector, peer) if args.which in ("nic", "all") else None
+            generator = (gen, raw) if args.which in ("generator", "all") else None
+            print(f"wrote {recorder.write(result_figures(args, nic, generator))}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def result_figures(args: argparse.Namespace, nic: tuple | None, generator: tuple | None) -> list:
+    """The figures of `--write-results`: each (collector, peer) pair of rows measured."""
+    figures = []
+    if nic is not None:
+        what, bare = f"NIC {args.interface} at 1000 samples/s, {args.seconds:.0f} s", "bare loop"
+        for label, key, unit, goal in (
+            ("CPU", "cpu_pct", "% of a core", "< 10"),
+            ("jitter p99", "jitter_p99_ms", "ms", ""),
+            ("intervals within ±1 ms", "within_1ms_pct", "%", ">= 99.9"),
+        ):
+            figures.append(Figure(f"{what}, {label}", unit, nic[0][key], nic[1][key], bare, goal))
+    if generator is not None:
+        gen, raw = (row["samples_per_s"] for row in generator)
+        what = f"generator, {args.samples:,} samples through buffer + 2PC + store"
+        figures.append(Figure(what, "samples/s", gen, raw, "raw SQLite insert", ">= 1,000,000"))
+    return figures
 
 
 if __name__ == "__main__":

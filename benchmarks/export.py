@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 from pipeline.spark.session import SparkSettings, spark_session
 from pipeline.streams import open_store
@@ -85,7 +86,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
+    Recorder.add_option(parser)
     args = parser.parse_args()
+    recorder = Recorder(__file__, __doc__, args.workdir)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="sluice-bench-export-"))
     total = args.events * args.samples
 
@@ -175,6 +178,14 @@ def main() -> None:
     print(f"sluice / spark-json = {results['sluice'] / results['spark-json']:.2f}x")
     if args.workdir is None:
         shutil.rmtree(root, ignore_errors=True)
+    if args.write_results:
+        what = f"{args.events} events x {args.samples} samples to Parquet (best of {args.repeat})"
+        figures = [
+            Figure(what, "M samples/s", results["sluice"] / 1e6, results[peer] / 1e6, peer)
+            for peer in ("duckdb", "spark-json")
+        ]
+        figures.append(Figure("Spark session start-up (once per job)", "s", startup))
+        print(f"wrote {recorder.write(figures)}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
+from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 from pipeline.timejoin import StreamingJoin, join_indices, join_tables
 
@@ -148,7 +149,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000, help="records per series")
     parser.add_argument("--chunk", type=int, default=100, help="arrival chunk of the baseline")
     parser.add_argument("--max-gap", type=float, default=None)
+    Recorder.add_option(parser)
     args = parser.parse_args()
+    recorder = Recorder(__file__, __doc__)
     n = args.records
     lt, left = make_series(n, 1)
     rt, right = make_series(n, 2)
@@ -182,6 +185,12 @@ def main() -> None:
         print(f"  {name:<40} {secs:8.3f} s  {p / secs:>14,.0f} joins/s  {ratio:7.1f}x baseline")
     # the Stateful Stream Processor reports ~100,000 records/s for its LocalStreamBuffer
     print(f"  LocalStreamBuffer, as reported: ~100,000/s; join_tables: {p / table_s / 1e5:.1f}x")
+    if args.write_results:
+        figures = [
+            Figure(f"{name}, 2 x {n:,} records", "joins/s", p / secs, p / base_s, rows[0][0])
+            for name, secs in rows[1:]
+        ]
+        print(f"wrote {recorder.write(figures)}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import Figure, Recorder  # benchmarks/results.py, beside this script
+
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import RunOptions
 from pipeline.spark.session import SparkSettings, spark_session
@@ -74,7 +76,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--samples", type=int, default=100)
+    Recorder.add_option(parser)
     args = parser.parse_args()
+    recorder = Recorder(__file__, __doc__)
     root = Path(tempfile.mkdtemp(prefix="sluice-bench-mirror-"))
     edge, cloud = f"embedded:{root / 'edge'}", f"embedded:{root / 'cloud'}"
     size = prepare(edge, "bench/net", args.events, args.samples)
@@ -113,6 +117,14 @@ def main() -> None:
     print(f"  a mirror run with nothing to copy takes {fixed:.2f} s (query start, checkpoint)")
     print(f"sluice mirror / raw copy = {raw / sluice:.2f}x")
     shutil.rmtree(root, ignore_errors=True)
+    if args.write_results:
+        what = f"mirror {args.events} events ({size / 1e6:.0f} MB), {args.samples} samples each"
+        figures = [
+            Figure(what, "events/s", args.events / sluice, args.events / raw, "raw copy"),
+            Figure(what, "MB/s", size / sluice / 1e6, size / raw / 1e6, "raw copy"),
+            Figure("mirror run with nothing to copy (fixed cost)", "s", fixed),
+        ]
+        print(f"wrote {recorder.write(figures)}")
 
 
 if __name__ == "__main__":

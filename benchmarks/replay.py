@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 SAMPLES_PER_EVENT = 1000
 T0 = 1_793_527_200_000_000_000
@@ -77,7 +78,7 @@ def naive_replay(store, record, out: Path) -> int:
     return len(frame)
 
 
-def bench_replay(samples: int, work: Path) -> None:
+def bench_replay(samples: int, work: Path) -> Figure:
     from pipeline.jobs.replay import load_model, replay
     from pipeline.jobs.slices import SliceRecord, record_slices
     from pipeline.schemas import flatten_plan
@@ -122,6 +123,8 @@ def bench_replay(samples: int, work: Path) -> None:
     print(f"  peer json+pandas (same model)          {peer:8.1f} s  {rows / peer:12,.0f} samples/s")
     print(f"  ratio peer/sluice: {peer / ours:.2f}x")
     store.close()
+    what = f"replay a {samples:,}-sample slice (Spark local[2] + model)"
+    return Figure(what, "samples/s", rows / ours, rows / peer, "json + pandas")
 
 
 # --- 2. rates -------------------------------------------------------------------------------
@@ -198,7 +201,7 @@ def duckdb_rates(work: Path, root: Path) -> tuple[int, dict]:
     return sum(r[3] for r in rows), {r[0]: (r[1], r[2]) for r in rows}
 
 
-def bench_rates(samples: int, work: Path) -> None:
+def bench_rates(samples: int, work: Path) -> Figure:
     root = work / "export"
     start = time.perf_counter()
     write_export(root, samples)
@@ -218,6 +221,8 @@ def bench_rates(samples: int, work: Path) -> None:
     )
     print(f"  peer pyarrow+numpy (sort + diff)       {peer:8.1f} s  {n_np / peer:12,.0f} samples/s")
     print(f"  ratio peer/duckdb: {peer / ours:.2f}x")
+    what = f"per-sample rates over {samples:,} exported samples (DuckDB rates view)"
+    return Figure(what, "samples/s", n_duck / ours, n_np / peer, "pyarrow + numpy")
 
 
 def main() -> None:
@@ -225,13 +230,17 @@ def main() -> None:
     parser.add_argument("--replay-samples", type=int, default=10_000_000)
     parser.add_argument("--rate-samples", type=int, default=100_000_000)
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
+    Recorder.add_option(parser)
     args = parser.parse_args()
+    recorder, figures = Recorder(__file__, __doc__, args.work), []
     work = args.work or Path(tempfile.mkdtemp(prefix="sluice-bench-replay-"))
     try:
         if args.replay_samples:
-            bench_replay(args.replay_samples, work / "replay")
+            figures.append(bench_replay(args.replay_samples, work / "replay"))
         if args.rate_samples:
-            bench_rates(args.rate_samples, work / "rates")
+            figures.append(bench_rates(args.rate_samples, work / "rates"))
+        if args.write_results:
+            print(f"wrote {recorder.write(figures)}")
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

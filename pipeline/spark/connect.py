@@ -164,6 +164,11 @@ def server_conf(session_conf: Mapping[str, str], host: str, port: int) -> dict[s
             # a step of a catch-up reads its source's tail, plans and commits in the
             # server's Python workers: keep them, and the data source's planner, warm
             "spark.python.worker.reuse": "true",
+            # Every client process is a new Spark Connect session, and a session whose
+            # artifacts are isolated gets Python daemons of its own (their environment names
+            # the session), started cold and never reused. Sluice's clients add no
+            # artifacts (the server imports the code it was started with), so share them.
+            "spark.sql.artifact.isolation.enabled": "false",
         }
     )
     return conf
@@ -177,7 +182,7 @@ def server_command(conf: dict[str, str], name: str = "sluice-spark-connect") -> 
     return [*command, "spark-internal"]
 
 
-def server_environment(token: str, host: str) -> dict[str, str]:
+def server_environment(token: str | None, host: str) -> dict[str, str]:
     """The server's environment: the token (never on its command line, which `ps` shows), and
     Python workers that import this process's `pipeline` with this interpreter."""
     env = dict(os.environ)
@@ -188,8 +193,10 @@ def server_environment(token: str, host: str) -> dict[str, str]:
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         PYTHONPATH=os.pathsep.join(dict.fromkeys(path)),
-        SPARK_CONNECT_AUTHENTICATE_TOKEN=token,
     )
+    env.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+    if token is not None:
+        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
     env.pop("SPARK_REMOTE", None)
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     return env

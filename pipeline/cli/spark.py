@@ -99,5 +99,8 @@ def _status(args: argparse.Namespace) -> int:
     from pipeline.spark import connect
 
     status, state = connect.server_status(sluice_home())
-    print(json.dumps({"status": status, **(_public(state) if state else {})}))
+    shown = _public(state) if state else {}
+    if status == "running":
+        shown["python_daemons"] = connect.python_daemons(state.pid)
+    print(json.dumps({"status": status, **shown}))
     return 0 if status == "running" else 3

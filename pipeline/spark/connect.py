@@ -222,7 +222,7 @@ def start_server(
     running = running_server(home)
     if running is not None:
         return running
-    state_dir(home).mkdir(parents=True, exist_ok=True)
+    state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
     port = port or free_port(host)
     token = secrets.token_urlsafe(32)
     log = state_dir(home) / "connect.log"
@@ -260,8 +260,16 @@ def start_server(
             msg = f"not accepting connections on {host}:{port} after {timeout} s"
             raise ServerError(msg, log)
         time.sleep(0.1)
-    durable.write_json(state_path(home), dataclasses.asdict(state), indent=2)
+    write_state(home, state)
     return state
+
+
+def write_state(home: Path, state: ServerState) -> None:
+    """The state file, owner-only whatever the umask (it holds the token)."""
+    with durable.atomic_path(state_path(home)) as staging:
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(dataclasses.asdict(state), out, indent=2)
 
 
 def _terminate(pid: int, grace: float = 30.0) -> None:
@@ -300,6 +308,23 @@ def stop_server(home: Path) -> ServerState | None:
         _terminate(state.pid)
     path.unlink(missing_ok=True)
     return state
+
+
+def python_daemons(pid: int) -> int:
+    """How many Python worker daemons the server holds (Spark keeps one per session and
+    step, never reaping them: `DESIGN.md`, "Where a catch-up's time goes")."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+            if (
+                int(fields[1]) == pid
+                and b"pyspark.daemon" in (stat.parent / "cmdline").read_bytes()
+            ):
+                count += 1
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
 
 
 ServerStatus = Literal["running", "stopped", "stale"]

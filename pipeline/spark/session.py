@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 log = logging.getLogger(__name__)
 
+#: A call to a Spark Connect server that does not answer is retried for about 10 s
+#: (50 ms, x4 each time, at most 5 s apart), then fails.
+RECONNECT_RETRIES, RECONNECT_MAX_BACKOFF_MS = 5, 5000
+
 #: `remote` values: attach to this $SLUICE_HOME's server if one runs; never attach.
 AUTO, LOCAL = "auto", "local"
 
@@ -168,9 +172,16 @@ def remote_url(settings: SparkSettings) -> str | None:
 def attach(url: str) -> SparkSession:
     """A Spark Connect session on the server at `url`."""
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
 
     log.info("attaching to Spark Connect at %s", url.split("/;", maxsplit=1)[0])
-    return SparkSession.builder.remote(url).getOrCreate()
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    # PySpark retries a call to an unreachable server for over 10 minutes; a job whose
+    # server died should fail within seconds instead, so that its rerun (a Dagster retry)
+    # goes to a local Spark or a restarted server from the same checkpoint.
+    policy = DefaultPolicy(max_retries=RECONNECT_RETRIES, max_backoff=RECONNECT_MAX_BACKOFF_MS)
+    spark.client.set_retry_policies([policy])
+    return spark
 
 
 def local_session(settings: SparkSettings) -> SparkSession:

@@ -153,7 +153,7 @@ def main() -> None:
         child(args.child)
         return
 
-    from pipeline.spark.connect import start_server, stop_server
+    from pipeline.spark.connect import python_daemons, start_server, stop_server
     from pipeline.spark.session import SparkSettings, spark_conf
 
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-startup-"))
@@ -175,6 +175,8 @@ def main() -> None:
                 print(line(f"{label}{'*' if n == 0 else ''}", marks), flush=True)
                 if n:
                     walls[label].append(marks["wall"])
+        daemons = python_daemons(server.pid)
+        print(f"the server holds {daemons} Python daemons after {args.rounds + 1} catch-ups")
     finally:
         stop_server(home)
     print("(* first round: new checkpoints; not counted)")

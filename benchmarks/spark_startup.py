@@ -179,6 +179,8 @@ def main() -> None:
         print(f"the server holds {daemons} Python daemons after {args.rounds + 1} catch-ups")
     finally:
         stop_server(home)
+        if not all(walls.values()):
+            shutil.rmtree(work, ignore_errors=True)
     print("(* first round: new checkpoints; not counted)")
     best = {label: min(w) for label, w in walls.items()}
     print(

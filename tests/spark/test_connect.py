@@ -52,6 +52,16 @@ def test_no_server_means_a_local_session(tmp_path, monkeypatch):
     assert remote_url(SparkSettings(remote="local")) is None
 
 
+def test_status_says_stopped_and_stop_is_a_no_op(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    monkeypatch.setenv("SLUICE_HOME", str(tmp_path))
+    assert main(["spark", "status"]) == 3
+    assert json.loads(capsys.readouterr().out) == {"status": "stopped"}
+    assert main(["spark", "stop"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"status": "stopped"}
+
+
 def nic_payload(i: int, samples: int = 50) -> bytes:
     event = {
         "TimestampNanos": [T0 + (i * samples + k) * 1_000_000 for k in range(samples)],

@@ -5,7 +5,8 @@ UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow lint format ui install java system-deps bench clean
+.PHONY: demo test test-fast test-slow lint format ui install java system-deps bench clean \
+	spark-start spark-stop
 
 .tools/bin/uv:
 	$(PYTHON) -m venv .tools
@@ -44,8 +45,21 @@ system-deps:
 	  fi; \
 	fi
 
+# A warm Spark (Spark Connect on loopback) that every job of $$SLUICE_HOME attaches to instead
+# of starting a JVM of its own; `demo` and `ui` start it and stop it when they end.
+# WARM_SPARK=0 leaves it out (each job then starts a local Spark, as without it).
+WARM_SPARK ?= 1
+SPARK_UP := if [ "$(WARM_SPARK)" = 1 ]; then $(PY) -m pipeline.cli spark start >/dev/null && \
+	trap '$(PY) -m pipeline.cli spark stop >/dev/null' EXIT; fi
+
+spark-start: install java
+	$(PY) -m pipeline.cli spark start
+
+spark-stop:
+	$(PY) -m pipeline.cli spark stop
+
 demo: install java
-	$(PY) -m pipeline.demo $(DEMO_ARGS)
+	$(SPARK_UP); $(PY) -m pipeline.demo $(DEMO_ARGS)
 
 test: install java system-deps
 	$(PY) -m ruff check .
@@ -71,7 +85,7 @@ format: install
 
 # Dagster on the demo's instance ($SLUICE_HOME/dagster): its runs, pools and run queue.
 ui: install java
-	DAGSTER_HOME=$$($(PY) -m assets.instance) .venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	$(SPARK_UP); DAGSTER_HOME=$$($(PY) -m assets.instance) .venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # Every benchmark, each writing its section of benchmarks/RESULTS.md (benchmarks/results.py).
 BENCHMARKS := store mirror export replay collectors join cluster

@@ -2,8 +2,9 @@
 
 Its fields are `SparkSettings`'s, filled by `assets/definitions.py` from `[spark]` of
 sluice.toml and `SLUICE_SPARK_*` (`from_settings`), so the UI shows how runs build Spark.
-The session is built only when a step asks for it, through `pipeline.spark.session`, with the
-`sluice` data sources registered; every step of a run in one process shares it, and the
+The session is built only when a step asks for it, through `pipeline.spark.session` (attached
+to the warm Spark of `sluice spark start` when one runs), with the `sluice` data sources
+registered; every step of a run in one process shares it, and the
 resource never stops it (the next step would pay for a JVM start-up again).
 """
 
@@ -29,6 +30,8 @@ class SparkResource(dg.ConfigurableResource):
     log_level: str = "ERROR"
     ui: bool = False
     conf: dict[str, str] = {}
+    #: `auto` (attach to the server `sluice spark start` runs, else local), `local`, `sc://…`
+    remote: str = "auto"
 
     _session: SparkSession | None = PrivateAttr(default=None)
 
@@ -41,6 +44,7 @@ class SparkResource(dg.ConfigurableResource):
             log_level=settings.log_level,
             ui=settings.ui,
             conf=dict(settings.conf),
+            remote=settings.remote,
         )
 
     def settings(self) -> SparkSettings:
@@ -51,6 +55,7 @@ class SparkResource(dg.ConfigurableResource):
             log_level=self.log_level,
             ui=self.ui,
             conf=tuple(sorted(self.conf.items())),
+            remote=self.remote,
         )
 
     @property

@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sql": ("pipeline.cli.analytics", "SQL on the analytics database (DuckDB)"),
     "plot": ("pipeline.cli.analytics", "charts from the analytics database"),
     "analytics": ("pipeline.cli.analytics", "the DuckDB analytics database"),
+    "spark": ("pipeline.cli.spark", "a warm Spark that jobs attach to (Spark Connect)"),
     "completion": ("pipeline.cli.completion", "print a shell completion script (bash, zsh)"),
 }
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.spark.ledger import BatchLedger
+from pipeline.spark.session import default_parallelism
 from pipeline.streams import StreamCut
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ def source_frame(
         .option("store", store)
         .option("stream", stream)
         .option("startingCut", run.starting)
-        .option("minPartitions", str(max(2, spark.sparkContext.defaultParallelism)))
+        .option("minPartitions", str(max(2, default_parallelism(spark))))
         .option("emit", emit)
     )
     if run.max_events is not None:

@@ -1,14 +1,18 @@
 """The Spark session: one per process, configured once, with the `sluice` sources registered.
 
-`spark_session()` returns the process's session, creating it on first use: master `local[*]`
-unless `SLUICE_SPARK_MASTER` (or `[spark] master` in sluice.toml) names another,
-`PYSPARK_PYTHON` the running interpreter, the driver bound to loopback unless
-`SLUICE_SPARK_DRIVER_HOST` says otherwise, Spark's logging at ERROR. Spark keeps one active
-session per process (`getOrCreate`), so there is no module-level singleton: the settings of
-the first call win (`DESIGN.md`, "The session")."""
+`spark_session()` returns the process's session, creating it on first use. It attaches to a
+warm Spark Connect server when one is named (`SLUICE_SPARK_REMOTE=sc://…`, `[spark] remote`)
+or, by default, when `sluice spark start` left one running for this `$SLUICE_HOME`
+(`pipeline/spark/connect.py`); otherwise it starts a local JVM: master `local[*]` unless
+`SLUICE_SPARK_MASTER` (or `[spark] master` in sluice.toml) names another, `PYSPARK_PYTHON` the
+running interpreter, the driver bound to loopback unless `SLUICE_SPARK_DRIVER_HOST` says
+otherwise, Spark's logging at ERROR. Spark keeps one active session per process
+(`getOrCreate`), so there is no module-level singleton: the settings of the first call win
+(`DESIGN.md`, "The session" and "A warm Spark")."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -17,10 +21,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.errors import SluiceError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+log = logging.getLogger(__name__)
+
+#: A call to a Spark Connect server that does not answer is retried for about 10 s
+#: (50 ms, x4 each time, at most 5 s apart), then fails.
+RECONNECT_RETRIES, RECONNECT_MAX_BACKOFF_MS = 5, 5000
+
+#: `remote` values: attach to this $SLUICE_HOME's server if one runs; never attach.
+AUTO, LOCAL = "auto", "local"
+
+
+class RemoteSettingError(SluiceError, ValueError):
+    def __init__(self, value: str) -> None:
+        self.value = value
+        msg = (
+            f"Spark remote {value!r}: expected `auto` (attach to the server `sluice spark "
+            "start` runs, else start a local Spark), `local` (never attach) or an sc:// URL"
+        )
+        super().__init__(msg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +57,12 @@ class SparkSettings:
     log_level: str = "ERROR"
     ui: bool = False
     conf: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: `auto`, `local` or a Spark Connect URL (`sc://host:port/;token=…`)
+    remote: str = AUTO
+
+    def __post_init__(self) -> None:
+        if self.remote not in (AUTO, LOCAL) and not self.remote.startswith("sc://"):
+            raise RemoteSettingError(self.remote)
 
     @classmethod
     def from_config(
@@ -52,6 +82,7 @@ class SparkSettings:
             or str(table.get("log_level", base.log_level)),
             ui=_truthy(env.get("SLUICE_SPARK_UI", table.get("ui", base.ui))),
             conf=tuple(sorted(extra.items())),
+            remote=env.get("SLUICE_SPARK_REMOTE") or str(table.get("remote", base.remote)),
         )
 
 
@@ -89,22 +120,74 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
 
 
 def spark_session(settings: SparkSettings | None = None) -> SparkSession:
-    """The process's Spark session, with the `sluice` data sources registered."""
+    """The process's Spark session, with the `sluice` data sources registered: attached to a
+    Spark Connect server when `settings.remote` names one or finds one, else a local JVM."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
-        from pipeline.spark.source import register_sources
+    if active is None:
+        if settings is None:
+            from pipeline.config import load_config
 
-        register_sources(active)
-        return active
-    if settings is None:
-        from pipeline.config import load_config
+            settings = SparkSettings.from_config(load_config())
+        # PySpark warns on every start that it has not been qualified with the installed
+        # pandas; the Arrow paths Sluice uses do not go through pandas.
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+        url = remote_url(settings)
+        active = attach(url) if url else local_session(settings)
+    from pipeline.spark.source import register_sources
 
-        settings = SparkSettings.from_config(load_config())
-    # PySpark warns on every start that it has not been qualified with the installed pandas;
-    # the Arrow paths Sluice uses do not go through pandas.
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    register_sources(active)
+    return active
+
+
+def remote_url(settings: SparkSettings) -> str | None:
+    """The Spark Connect server to attach to: the one named, else (`auto`) the one
+    `sluice spark start` runs for this `$SLUICE_HOME` if it is alive and runs this code."""
+    if settings.remote == LOCAL:
+        return None
+    if settings.remote != AUTO:
+        return settings.remote
+    from pipeline.config import sluice_home
+    from pipeline.spark.connect import code_root, running_server
+
+    server = running_server(sluice_home())
+    if server is None:
+        return None
+    if not server.matches_this_process():
+        log.warning(
+            "not attaching to the Spark Connect server %s: its Python workers run %s from %s, "
+            "this process %s from %s; starting a local Spark (restart the server with "
+            "`sluice spark stop && sluice spark start` from this install)",
+            server.url.split("/;")[0],
+            server.python,
+            server.code_root,
+            sys.executable,
+            code_root(),
+        )
+        return None
+    return server.url
+
+
+def attach(url: str) -> SparkSession:
+    """A Spark Connect session on the server at `url`."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    log.info("attaching to Spark Connect at %s", url.split("/;", maxsplit=1)[0])
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    # PySpark retries a call to an unreachable server for over 10 minutes; a job whose
+    # server died should fail within seconds instead, so that its rerun (a Dagster retry)
+    # goes to a local Spark or a restarted server from the same checkpoint.
+    policy = DefaultPolicy(max_retries=RECONNECT_RETRIES, max_backoff=RECONNECT_MAX_BACKOFF_MS)
+    spark.client.set_retry_policies([policy])
+    return spark
+
+
+def local_session(settings: SparkSettings) -> SparkSession:
+    """A session on a JVM this process starts (`settings.master`)."""
+    from pyspark.sql import SparkSession
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", settings.driver_host)
@@ -113,7 +196,17 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level)
-    from pipeline.spark.source import register_sources
-
-    register_sources(spark)
     return spark
+
+
+def is_remote(spark: SparkSession) -> bool:
+    """True for a Spark Connect session (no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The cores Spark runs tasks on: the context's, or for a Spark Connect session the
+    server's `spark.default.parallelism` (which `sluice spark start` sets), else 2."""
+    if not is_remote(spark):
+        return spark.sparkContext.defaultParallelism
+    return int(spark.conf.get("spark.default.parallelism", "2") or 2)

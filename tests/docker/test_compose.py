@@ -32,6 +32,7 @@ SERVICES = {
     "dagster-webserver",
     "dagster-daemon",
     "spark-master",
+    "spark-connect",
     "spark-worker",
     "collector",
 }

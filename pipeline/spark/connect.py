@@ -1,0 +1,340 @@
+"""A warm Spark: one Spark Connect server that every `sluice run` and Dagster step attaches to.
+
+`start_server` runs pyspark's own `SparkConnectServer` (what `sbin/start-connect-server.sh`
+starts) with the configuration a local session would have (the caller passes
+`pipeline.spark.session.spark_conf`), bound to loopback,
+behind a random token, with its Python workers importing the same `pipeline` package from
+the same interpreter as the caller; it records itself in `$SLUICE_HOME/spark/connect.json`
+(`ServerState`), which `running_server` reads to let a session attach to it
+(`pipeline/spark/session.py`). `stop_server` stops it. `sluice spark start|stop|status` is the
+command line; why and how: `DESIGN.md`, "A warm Spark".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pipeline import durable
+from pipeline.errors import SluiceError
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+STATE_VERSION = 1
+DEFAULT_PORT = 15002  # Spark Connect's own default
+
+
+def code_root() -> Path:
+    """The directory that holds the `pipeline` package this process runs."""
+    import pipeline
+
+    return Path(pipeline.__file__).resolve().parents[1]
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def state_dir(home: Path) -> Path:
+    return home / "spark"
+
+
+def state_path(home: Path) -> Path:
+    return state_dir(home) / "connect.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """What `$SLUICE_HOME/spark/connect.json` says about a running server (version 1).
+
+    The token authenticates clients (`spark.connect.authenticate.token`); the file is
+    owner-only, like everything Sluice writes unless `SLUICE_GROUP_READ=1`."""
+
+    version: Literal[1]
+    pid: int
+    host: str
+    port: int
+    token: str
+    python: str
+    code_root: str
+    master: str
+    parallelism: int
+    started_at: str
+    log: str
+
+    @property
+    def url(self) -> str:
+        """The `sc://` URL a client attaches with. Loopback is named `localhost` because
+        the Python client sends a token without TLS only to that name (gRPC local
+        credentials); anywhere else it insists on TLS."""
+        host = "localhost" if self.host in ("127.0.0.1", "localhost", "::1") else self.host
+        return f"sc://{host}:{self.port}/;token={self.token}"
+
+    def matches_this_process(self) -> bool:
+        """True when the server's Python workers run this interpreter and this code."""
+        return self.python == sys.executable and self.code_root == str(code_root())
+
+    @classmethod
+    def read(cls, path: Path) -> ServerState | None:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if data.get("version") != STATE_VERSION:
+            return None
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+class ServerError(SluiceError):
+    """The Spark Connect server could not be started, or is not the one expected."""
+
+    def __init__(self, problem: str, log: Path | None = None) -> None:
+        self.problem, self.log = problem, log
+        msg = f"Spark Connect server: {problem}" + (f"; see {log}" if log else "")
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self.problem, self.log))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (our own child, not reaped yet) is not a server
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def accepts(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def running_server(home: Path) -> ServerState | None:
+    """The Sluice-managed server of `home`, if its process is alive and its port answers."""
+    state = ServerState.read(state_path(home))
+    if state is None or not pid_alive(state.pid) or not accepts(state.host, state.port):
+        return None
+    return state
+
+
+def parallelism(master: str) -> int:
+    """Cores a `local[N]` master uses (`local[*]`: this machine's); 2 for a cluster, whose
+    executors Spark adds later (the `sluice` source plans at least 2 partitions anyway)."""
+    found = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]|local", master)
+    if found is None:
+        return 2
+    count = found.group(1)
+    return os.cpu_count() or 2 if count in (None, "*") else int(count)
+
+
+def server_conf(session_conf: Mapping[str, str], host: str, port: int) -> dict[str, str]:
+    """A local session's configuration (`spark_conf`), plus the server's own."""
+    conf = dict(session_conf)
+    master = conf.get("spark.master", "local[*]")
+    conf.setdefault("spark.default.parallelism", str(parallelism(master)))
+    conf.update(
+        {
+            "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port),
+            # a step of a catch-up reads its source's tail, plans and commits in the
+            # server's Python workers: keep them, and the data source's planner, warm
+            "spark.python.worker.reuse": "true",
+            # Every client process is a new Spark Connect session, and a session whose
+            # artifacts are isolated gets Python daemons of its own (their environment names
+            # the session), started cold and never reused. Sluice's clients add no
+            # artifacts (the server imports the code it was started with), so share them.
+            "spark.sql.artifact.isolation.enabled": "false",
+        }
+    )
+    return conf
+
+
+def server_command(conf: dict[str, str], name: str = "sluice-spark-connect") -> list[str]:
+    command = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS]
+    command += ["--name", name]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return [*command, "spark-internal"]
+
+
+def server_environment(token: str | None, host: str) -> dict[str, str]:
+    """The server's environment: the token (never on its command line, which `ps` shows), and
+    Python workers that import this process's `pipeline` with this interpreter."""
+    env = dict(os.environ)
+    path = [str(code_root()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env.update(
+        SPARK_HOME=str(spark_home()),
+        SPARK_LOCAL_IP=host,
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYTHONPATH=os.pathsep.join(dict.fromkeys(path)),
+    )
+    env.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+    if token is not None:
+        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
+    env.pop("SPARK_REMOTE", None)
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    return env
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def start_server(
+    home: Path,
+    session_conf: Mapping[str, str],
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout: float = 120.0,
+) -> ServerState:
+    """Start a server for `home` (or return the one already running) and wait until it
+    accepts connections. `host` other than loopback needs TLS and an authenticating proxy in
+    front (`DESIGN.md`); the token alone travels in clear text without TLS."""
+    running = running_server(home)
+    if running is not None:
+        return running
+    state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
+    port = port or free_port(host)
+    token = secrets.token_urlsafe(32)
+    log = state_dir(home) / "connect.log"
+    conf = server_conf(session_conf, host, port)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            server_command(conf),
+            env=server_environment(token, host),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C in the terminal that started it is not for it
+            cwd=home,
+        )
+    state = ServerState(
+        version=STATE_VERSION,
+        pid=proc.pid,
+        host=host,
+        port=port,
+        token=token,
+        python=sys.executable,
+        code_root=str(code_root()),
+        master=conf.get("spark.master", "local[*]"),
+        parallelism=int(conf["spark.default.parallelism"]),
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        log=str(log),
+    )
+    deadline = time.monotonic() + timeout
+    while not accepts(host, port):
+        if proc.poll() is not None:
+            msg = f"exited with code {proc.returncode} while starting"
+            raise ServerError(msg, log)
+        if time.monotonic() > deadline:
+            _terminate(proc.pid)
+            msg = f"not accepting connections on {host}:{port} after {timeout} s"
+            raise ServerError(msg, log)
+        time.sleep(0.1)
+    write_state(home, state)
+    return state
+
+
+def write_state(home: Path, state: ServerState) -> None:
+    """The state file, owner-only whatever the umask (it holds the token)."""
+    with durable.atomic_path(state_path(home)) as staging:
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(dataclasses.asdict(state), out, indent=2)
+
+
+def _terminate(pid: int, grace: float = 30.0) -> None:
+    """SIGTERM the server's process group (the JVM and its Python workers), then SIGKILL."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        _reap(pid)
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def stop_server(home: Path) -> ServerState | None:
+    """Stop the server of `home`: what ran (None if none), its state file removed."""
+    path = state_path(home)
+    state = ServerState.read(path)
+    if state is not None and pid_alive(state.pid):
+        _terminate(state.pid)
+    path.unlink(missing_ok=True)
+    return state
+
+
+def python_daemons(pid: int) -> int:
+    """How many Python worker daemons the server holds (Spark keeps one per session and
+    step, never reaping them: `DESIGN.md`, "Where a catch-up's time goes")."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+            if (
+                int(fields[1]) == pid
+                and b"pyspark.daemon" in (stat.parent / "cmdline").read_bytes()
+            ):
+                count += 1
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
+
+
+ServerStatus = Literal["running", "stopped", "stale"]
+
+
+def server_status(home: Path) -> tuple[ServerStatus, ServerState | None]:
+    """`running` (alive, accepting), `stale` (a state file whose server died), `stopped`."""
+    state = ServerState.read(state_path(home))
+    if state is None:
+        return "stopped", None
+    if running_server(home) is not None:
+        return "running", state
+    return "stale", state

@@ -1,0 +1,167 @@
+"""The warm Spark: jobs attach to a Spark Connect server, and survive its kill exactly once.
+
+The server is a real `SparkConnectServer` (`pipeline/spark/connect.py`); the jobs run as
+`sluice run …` processes (a process holds either a local or a remote session, and this test
+process keeps the suite's local one untouched). The kill takes the whole server at once (its
+process group: the JVM and its Python workers), as a driver kill takes the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict
+
+import duckdb
+import pytest
+
+from pipeline.spark import connect
+from pipeline.spark.session import RemoteSettingError, SparkSettings, remote_url, spark_conf
+from pipeline.streams import open_store
+from tests.spark.killing import job_env, kill, run_to_completion, start
+
+KEYS = 5
+T0 = 1_609_363_757_807_000_000
+
+
+def test_remote_setting_is_auto_local_or_a_url():
+    assert SparkSettings.from_config({}, environ={}).remote == "auto"
+    env = {"SLUICE_SPARK_REMOTE": "sc://localhost:15002"}
+    assert (
+        SparkSettings.from_config({"spark": {"remote": "local"}}, environ=env).remote
+        == env["SLUICE_SPARK_REMOTE"]
+    )
+    with pytest.raises(RemoteSettingError, match="expected `auto`"):
+        SparkSettings(remote="spark://127.0.0.1:7077")
+
+
+def test_no_server_means_a_local_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLUICE_HOME", str(tmp_path))
+    assert remote_url(SparkSettings()) is None
+    # a state file whose server died (kill -9 leaves it behind) is not attached to
+    state = connect.ServerState(
+        1, 2**22 + 7, "127.0.0.1", connect.free_port("127.0.0.1"), "t", "py", "/", "local", 2,
+        "", "",
+    )  # fmt: skip
+    connect.state_dir(tmp_path).mkdir(parents=True)
+    connect.state_path(tmp_path).write_text(json.dumps(asdict(state)))
+    assert connect.server_status(tmp_path)[0] == "stale"
+    assert remote_url(SparkSettings()) is None
+    assert remote_url(SparkSettings(remote="local")) is None
+
+
+def test_status_says_stopped_and_stop_is_a_no_op(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    monkeypatch.setenv("SLUICE_HOME", str(tmp_path))
+    assert main(["spark", "status"]) == 3
+    assert json.loads(capsys.readouterr().out) == {"status": "stopped"}
+    assert main(["spark", "stop"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"status": "stopped"}
+
+
+def nic_payload(i: int, samples: int = 50) -> bytes:
+    event = {
+        "TimestampNanos": [T0 + (i * samples + k) * 1_000_000 for k in range(samples)],
+        "RxBytes": [1000 + k for k in range(samples)],
+        "TxBytes": [2000 + k for k in range(samples)],
+        "RemoteAddr": "ubuntu",
+        "Interface": f"ens{i % KEYS}",
+        "LastTimestampFormatted": "2020-12-30T21:29:17.809Z",
+    }
+    return json.dumps(event).encode()
+
+
+def append(edge: str, first: int, count: int) -> None:
+    with open_store(edge) as store:
+        if not store.stream_exists("edge/net"):
+            store.create_stream("edge/net", segments=2)
+        for start_at in range(first, first + count, 10):
+            with store.writer("edge/net") as writer:
+                for i in range(start_at, min(first + count, start_at + 10)):
+                    writer.write(nic_payload(i), routing_key=f"ens{i % KEYS}")
+
+
+def assert_mirrored_once(edge: str, cloud: str) -> None:
+    with open_store(edge) as source, open_store(cloud) as target:
+        sent = [e.payload for e in source.read("edge/net")]
+        copied = list(target.read("cloud/net"))
+    received = [e.payload for e in copied]
+    assert len(received) == len(set(received)), "an event was copied twice"
+    assert sorted(received) == sorted(sent), "an event is missing"
+    for key in {e.routing_key for e in copied}:
+        order = [json.loads(e.payload)["TimestampNanos"][0] for e in copied if e.routing_key == key]
+        assert order == sorted(order), f"events of {key} were reordered"
+
+
+def exported_rows(output) -> tuple[int, int]:
+    pattern = f"{output}/parquet/date=*/hour=*/*.parquet"
+    query = f"SELECT count(*), count(DISTINCT TimestampNanos) FROM read_parquet('{pattern}')"
+    return duckdb.connect().execute(query).fetchall()[0]
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A Connect server for the jobs' SLUICE_HOME, stopped (with its workers) afterwards."""
+    home = tmp_path / "home"
+    env = job_env(home)  # writes home/sluice.toml: local[2], a quick JVM
+    conf = spark_conf(SparkSettings(master="local[2]", app_name="test-connect"))
+    state = connect.start_server(home, conf)
+    try:
+        yield home, env, state
+    finally:
+        connect.stop_server(home)
+        assert not connect.pid_alive(state.pid)
+
+
+def job(edge: str, cloud: str, tmp_path, *, export: bool = False, max_events: int = 0) -> list:
+    if export:
+        argv = ["--store", cloud, "run", "export", "--stream", "cloud/net"]
+        argv += ["--schema", "NetworkSamples", "--output", str(tmp_path / "out")]
+        argv += ["--format", "parquet", "--checkpoint", str(tmp_path / "ck-export")]
+    else:
+        argv = ["--store", edge, "run", "mirror", "--stream", "edge/net", "--to", "cloud/net"]
+        argv += ["--to-store", cloud, "--checkpoint", str(tmp_path / "ck-mirror")]
+    if max_events:
+        argv += ["--max-events", str(max_events)]
+    return ["-v", *argv]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_jobs_attach_to_the_server_and_survive_its_kill(tmp_path, server):
+    home, env, state = server
+    edge, cloud = f"embedded:{tmp_path / 'edge'}", f"embedded:{tmp_path / 'cloud'}"
+    assert connect.ServerState.read(connect.state_path(home)).matches_this_process()
+    assert os.stat(connect.state_path(home)).st_mode & 0o077 == 0, "the token is owner-only"
+
+    # 1. mirror and export through the server: the jobs attach (no JVM of their own)
+    append(edge, 0, 40)
+    for argv in (job(edge, cloud, tmp_path), job(edge, cloud, tmp_path, export=True)):
+        life = run_to_completion(argv, env)
+        assert "attaching to Spark Connect" in "".join(life.stderr), life.tail()
+    assert_mirrored_once(edge, cloud)
+    assert exported_rows(tmp_path / "out") == (40 * 50, 40 * 50)
+
+    # 2. kill -9 the server (JVM and Python workers) once the mirror has committed a batch
+    append(edge, 40, 120)
+    life = start(job(edge, cloud, tmp_path, max_events=20), env)
+    assert life.first_batch.wait(timeout=300), life.tail()
+    os.killpg(state.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while life.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if life.proc.poll() is None:  # the client must notice; if not, it is a hang: fail loudly
+        kill(life)
+        pytest.fail("the job did not stop after its Spark Connect server was killed")
+    assert life.proc.returncode != 0, life.tail()
+    assert connect.server_status(home)[0] == "stale"
+
+    # 3. the rerun finds no server and falls back to a local Spark, from the same checkpoint
+    for argv in (job(edge, cloud, tmp_path), job(edge, cloud, tmp_path, export=True)):
+        life = run_to_completion(argv, env)
+        assert "attaching to Spark Connect" not in "".join(life.stderr)
+    assert_mirrored_once(edge, cloud)
+    assert exported_rows(tmp_path / "out") == (160 * 50, 160 * 50)

@@ -147,3 +147,31 @@ def test_crash_between_segments_of_a_commit_rolls_forward(tmp_path):
         txn.commit()
         payloads = sorted(e.payload for e in store.read("crash/half"))
         assert payloads == sorted(f"e{i}".encode() for i in range(40)), "exactly once"
+
+
+def test_crash_after_entering_committing_before_the_block_lands(tmp_path):
+    """The process dies after `committing` and `appended_at` were recorded, before any block
+    was written: nothing is visible, and a later commit lands every event exactly once."""
+    store_dir = tmp_path / "streams"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("crash/early", segments=2)
+    code = (
+        "import os; from pipeline.streams import open_store;"
+        "from pipeline.streams.embedded import engine as e;"
+        "e.Engine.append_block = lambda *a, **k: os._exit(9);"
+        f"s = open_store('embedded:{store_dir}'); x = s.begin_transaction('crash/early');"
+        "[x.write(f'e{i}'.encode(), routing_key=f'k{i}') for i in range(20)];"
+        "print(x.txn_id, flush=True); x.commit()"
+    )
+    out = run_python(code)
+    assert out.returncode == 9, out.stderr
+    txn_id = out.stdout.strip()
+    with open_store(f"embedded:{store_dir}") as store:
+        assert list(store.read("crash/early")) == []
+        txn = store.get_transaction("crash/early", txn_id)
+        assert txn.state() == "committing"
+        txn.commit()
+        txn.commit()
+        payloads = sorted(e.payload for e in store.read("crash/early"))
+        assert payloads == sorted(f"e{i}".encode() for i in range(20)), "exactly once"
+        assert txn.state() == "committed"

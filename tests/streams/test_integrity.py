@@ -410,3 +410,22 @@ def test_a_version_1_store_is_adopted_and_can_then_lose_its_catalog(store_dir):
     with open_store(f"embedded:{store_dir}") as store:
         assert store.repair().ok
         assert payloads(store.read("v1/s")) == written
+
+
+def test_a_commit_refused_by_damage_keeps_its_events_once(store):
+    """Events written but not flushed when a commit is refused (a damaged segment) are
+    recorded once: the commit after `repair` lands each of them exactly once."""
+    store.create_stream("d/refused")
+    txn = store.begin_transaction("d/refused")
+    txn.write(b"flushed", routing_key="k")
+    txn.flush()
+    txn.write(b"pending", routing_key="k")
+    engine = store._engine
+    engine.mark_damaged(engine.stream_row("d/refused"), 0, 0, "marked by the test")
+    with pytest.raises(SegmentDamaged):
+        txn.commit()
+    assert txn.state() == "open"
+    assert list(store.read("d/refused")) == []
+    store.repair("d/refused")
+    txn.commit()
+    assert sorted(e.payload for e in store.read("d/refused")) == [b"flushed", b"pending"]

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import uuid
 from collections import defaultdict
+from contextlib import ExitStack
 from pathlib import Path
+from typing import NoReturn
 
 from pipeline.durable import fsync_dir
 from pipeline.streams.api import Transaction, TxnState
@@ -33,6 +36,7 @@ from pipeline.streams.embedded.space import out_of_space
 from pipeline.streams.errors import SegmentDamaged, TxnFailed, TxnNotFound
 
 BODY_READ_CHUNK = 64 << 20
+BodyRow = tuple[int, int, int, int]  # segment, recorded body length, events, running CRC
 
 
 class EmbeddedTransaction(Transaction):
@@ -99,17 +103,20 @@ class EmbeddedTransaction(Transaction):
         if not self._pending:
             return
         self._require_open("take more events")
+        self._record(self._write_pending())
+        self._pending.clear()
+
+    def _write_pending(self) -> list[BodyRow]:
+        """Write the pending events past the recorded ends of their bodies and fsync them; the
+        rows returned make them part of the transaction once recorded (nothing before)."""
+        if not self._pending:
+            return []
         if not self._dir.exists():
             self._dir.mkdir(mode=self.engine.modes.directory, parents=True, exist_ok=True)
             fsync_dir(self._dir.parent)
-        for segment, frames in sorted(self._pending.items()):
-            self._flush_segment(segment, frames)
-        self._pending.clear()
+        return [self._write_body(seg, frames) for seg, frames in sorted(self._pending.items())]
 
-    def _flush_segment(self, segment: int, frames: list[bytes]) -> None:
-        self._record([self._write_body(segment, frames)])
-
-    def _write_body(self, segment: int, frames: list[bytes]) -> tuple[int, int, int, int]:
+    def _write_body(self, segment: int, frames: list[bytes]) -> BodyRow:
         """Append frames past the recorded length of a body file and fsync them; return the
         row (segment, length, events, crc) that makes them part of the transaction."""
         found = self.engine.catalog.query_one(
@@ -134,18 +141,21 @@ class EmbeddedTransaction(Transaction):
                 fsync_dir(self._dir)
         return segment, body_len + len(data), events + len(frames), crc32(data, crc)
 
-    def _record(self, rows: list[tuple[int, int, int, int]], drop: tuple[int, ...] = ()) -> None:
+    def _record(self, rows: list[BodyRow], drop: tuple[int, ...] = ()) -> None:
         with self.engine.catalog.write() as db:
-            db.executemany(
-                "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET body_len=excluded.body_len,"
-                " events=excluded.events, body_crc=excluded.body_crc",
-                [(self.txn_id, *row) for row in rows],
-            )
+            self._upsert(db, rows)
             db.executemany(
                 "DELETE FROM txn_segments WHERE txn_id=? AND segment=?",
                 [(self.txn_id, seg) for seg in drop],
             )
+
+    def _upsert(self, db: sqlite3.Cursor, rows: list[BodyRow]) -> None:
+        db.executemany(
+            "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET body_len=excluded.body_len,"
+            " events=excluded.events, body_crc=excluded.body_crc",
+            [(self.txn_id, *row) for row in rows],
+        )
 
     def _rebase(self) -> None:
         """Move events routed to segments sealed since (by a scale) onto their successors.
@@ -181,44 +191,132 @@ class EmbeddedTransaction(Transaction):
         if state == "committed":
             return
         if state == "open":
-            self.flush()
-            self._require_open("be committed")
             self.engine.check_writable(self.row)
-            while not self._mark_committing(time_bounds):
+            flushed = self._write_pending()
+            while not self._enter_committing(flushed, time_bounds):
+                flushed = []
                 self._rebase()
         elif state != "committing":
             raise TxnFailed(self.txn_id, state, f"it was {state}")
         self._roll_forward()
 
-    def _mark_committing(self, time_bounds: tuple[int, int] | None) -> bool:
-        """Enter `committing` unless a target segment is sealed (then rebase first).
+    def _enter_committing(self, flushed: list[BodyRow], bounds: tuple[int, int] | None) -> bool:
+        """Record the events just flushed, enter `committing` and land the blocks; False (the
+        flushed events recorded, nothing landed) if a target segment is sealed: rebase first.
 
-        One catalog transaction, so a concurrent scale either seals first (and we rebase) or
-        sees us committing (and refuses to seal a segment we are landing in)."""
-        t_min, t_max = time_bounds if time_bounds is not None else (None, None)
-        with self.engine.catalog.write() as db:
-            sealed = db.execute(
-                "SELECT COUNT(*) FROM txn_segments ts JOIN segments s"
-                " ON s.stream_id=? AND s.segment=ts.segment WHERE ts.txn_id=? AND s.sealed=1",
-                (self.row.id, self.txn_id),
-            ).fetchone()[0]
-            if sealed:
+        The target segments' locks are taken first, in segment order as a scale takes them, so
+        that one catalog transaction (FULL) can record the flushed bodies, `committing` and each
+        segment's `appended_at` (its valid end, which no one moves while we hold its lock). The
+        blocks are appended after that commit, still under the locks: a crash before it leaves
+        the transaction open with nothing of it in a segment; after it, a retry finds each
+        block at `appended_at` or appends it there. A concurrent scale either sealed first (we
+        rebase) or sees us committing (and refuses to seal a segment we are landing in)."""
+        recorded = self.engine.catalog.query(
+            "SELECT segment FROM txn_segments WHERE txn_id=?", (self.txn_id,)
+        )
+        segments = sorted({seg for seg, *_ in flushed} | {seg for (seg,) in recorded})
+        with ExitStack() as locks:
+            for seg in segments:
+                locks.enter_context(self.engine.segment_file(self.row, seg).locked())
+            ends = {seg: self.engine.catch_up(self.row, seg) for seg in segments}
+            landing = self._mark_committing(flushed, ends, bounds)
+            if landing is None:
                 return False
-            damaged = db.execute(
-                "SELECT d.segment, d.offset, d.problem FROM txn_segments ts JOIN damage d"
-                " ON d.stream_id=? AND d.segment=ts.segment WHERE ts.txn_id=? LIMIT 1",
-                (self.row.id, self.txn_id),
-            ).fetchone()
-            if damaged:  # refused while still open: it commits once `repair` has run
-                raise SegmentDamaged(self.row.qualified, *damaged)
-            db.execute(
-                "UPDATE txns SET state='committing', ingest_ns=?, t_min=?, t_max=?"
-                " WHERE txn_id=? AND state='open'",
-                (now_ns(), t_min, t_max, self.txn_id),
-            )
+            for segment, header, body in landing:
+                self._append(segment, header, body)
+                self._mark_done(segment)
         return True
 
+    def _mark_committing(
+        self, flushed: list[BodyRow], ends: dict[int, int], time_bounds: tuple[int, int] | None
+    ) -> list[tuple[int, bytes, tuple[int, int]]] | None:
+        """One catalog transaction: record `flushed`; unless a target segment is sealed (None)
+        or damaged (`SegmentDamaged`, the transaction stays open and commits once `repair` has
+        run), enter `committing` with `ends` as the segments' `appended_at`. Returns each
+        segment's block header and recorded body (length, CRC) to append at its end."""
+        t_min, t_max = time_bounds if time_bounds is not None else (None, None)
+        ingest_ns, blocked, rows = now_ns(), None, []
+        with self.engine.catalog.write() as db:
+            state, expiry = db.execute(
+                "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
+            ).fetchone()
+            if state != "open":
+                blocked = state
+            elif now_ns() > expiry:
+                blocked = "expired"
+            else:
+                self._upsert(db, flushed)
+                blocked = self._blocked(db)
+            if blocked is None:
+                db.execute(
+                    "UPDATE txns SET state='committing', ingest_ns=?, t_min=?, t_max=?"
+                    " WHERE txn_id=?",
+                    (ingest_ns, t_min, t_max, self.txn_id),
+                )
+                db.executemany(
+                    "UPDATE txn_segments SET appended_at=? WHERE txn_id=? AND segment=?",
+                    [(at, self.txn_id, seg) for seg, at in ends.items()],
+                )
+                rows = db.execute(
+                    "SELECT segment, body_len, events, body_crc FROM txn_segments"
+                    " WHERE txn_id=? AND done=0 ORDER BY segment",
+                    (self.txn_id,),
+                ).fetchall()
+        if blocked in ("expired", "aborted", "committing", "committed"):
+            return self._refuse(blocked)
+        self._pending.clear()  # recorded: never written again
+        if blocked == "sealed":
+            return None
+        if blocked is not None:
+            raise SegmentDamaged(self.row.qualified, *blocked)
+        bounds = (t_min, t_max) if t_min is not None else None
+        return [
+            (seg, self._header(ingest_ns, bounds, body_len, events, crc), (body_len, crc))
+            for seg, body_len, events, crc in rows
+            if seg in ends  # one another process recorded since lands by `_roll_forward`
+        ]
+
+    def _refuse(self, why: str) -> NoReturn:
+        """Raise for a transaction that cannot commit now: its lease expired (it is aborted
+        now), or another process aborted or committed it meanwhile."""
+        if why == "expired":
+            self.abort()
+            raise TxnFailed(self.txn_id, "aborted", "its lease expired; it has been aborted")
+        if why == "aborted":
+            self._pending.clear()
+            self._remove_bodies()  # what we flushed just now, after the abort removed the rest
+        raise TxnFailed(self.txn_id, why, f"it is {why}, so it cannot be committed")
+
+    def _blocked(self, db: sqlite3.Cursor) -> str | tuple[int, int, str] | None:
+        """'sealed' if a target segment is sealed, a damaged one's (segment, offset, problem),
+        or None when the transaction may land in all of them."""
+        sealed = db.execute(
+            "SELECT COUNT(*) FROM txn_segments ts JOIN segments s"
+            " ON s.stream_id=? AND s.segment=ts.segment WHERE ts.txn_id=? AND s.sealed=1",
+            (self.row.id, self.txn_id),
+        ).fetchone()[0]
+        if sealed:
+            return "sealed"
+        return db.execute(
+            "SELECT d.segment, d.offset, d.problem FROM txn_segments ts JOIN damage d"
+            " ON d.stream_id=? AND d.segment=ts.segment WHERE ts.txn_id=? LIMIT 1",
+            (self.row.id, self.txn_id),
+        ).fetchone()
+
+    def _header(
+        self, ingest_ns: int, bounds: tuple[int, int] | None, body_len: int, events: int, crc: int
+    ) -> bytes:
+        return encode_header(
+            body_crc=crc,
+            body_len=body_len,
+            events=events,
+            ingest_ns=ingest_ns,
+            time_bounds=bounds,
+            meta=b"t" + self.txn_id.encode(),
+        )
+
     def _roll_forward(self) -> None:
+        """Land what is not landed yet (all of it after a crash), then record `committed`."""
         ingest_ns, t_min, t_max = self.engine.catalog.query_one(
             "SELECT ingest_ns, t_min, t_max FROM txns WHERE txn_id=?", (self.txn_id,)
         )
@@ -229,14 +327,7 @@ class EmbeddedTransaction(Transaction):
             (self.txn_id,),
         )
         for segment, body_len, events, crc, appended_at in rows:
-            header = encode_header(
-                body_crc=crc,
-                body_len=body_len,
-                events=events,
-                ingest_ns=ingest_ns,
-                time_bounds=bounds,
-                meta=b"t" + self.txn_id.encode(),
-            )
+            header = self._header(ingest_ns, bounds, body_len, events, crc)
             self._land(segment, header, (body_len, crc), appended_at)
         with self.engine.catalog.write() as db:
             db.execute(
@@ -250,7 +341,6 @@ class EmbeddedTransaction(Transaction):
     ) -> None:
         """Append this transaction's block to one segment unless an earlier try already did;
         `body` is the recorded (length, CRC) of its flushed events."""
-        body_len, body_crc = body
         segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
             at = self.engine.catch_up(self.row, segment)
@@ -262,15 +352,21 @@ class EmbeddedTransaction(Transaction):
                     "UPDATE txn_segments SET appended_at=? WHERE txn_id=? AND segment=?",
                     (at, self.txn_id, segment),
                 )
-            chunks = self._body(segment, body_len)
-            found = 0
-            for chunk in chunks:
-                found = crc32(chunk, found)
-            if found != body_crc:  # never land a block that would fail its own checksum
-                msg = f"its flushed events for segment {segment} are damaged (checksum mismatch)"
-                raise TxnFailed(self.txn_id, "committing", msg)
-            self.engine.append_block(self.row, segment, header, chunks)
+            self._append(segment, header, body)
         self._mark_done(segment)
+
+    def _append(self, segment: int, header: bytes, body: tuple[int, int]) -> None:
+        """Append the block at the segment's valid end, which `appended_at` names (caller holds
+        the lock); the body is read back and checked against its recorded length and CRC."""
+        body_len, body_crc = body
+        chunks = self._body(segment, body_len)
+        found = 0
+        for chunk in chunks:
+            found = crc32(chunk, found)
+        if found != body_crc:  # never land a block that would fail its own checksum
+            msg = f"its flushed events for segment {segment} are damaged (checksum mismatch)"
+            raise TxnFailed(self.txn_id, "committing", msg)
+        self.engine.append_block(self.row, segment, header, chunks)
 
     def _block_is_mine(self, segment: int, offset: int) -> bool:
         block = self.engine.block_at(self.row, segment, offset)

@@ -49,6 +49,38 @@ def test_verbosity_sets_the_log_level_and_logs_go_to_standard_error(
     assert "ERROR sluice.test: to stderr" in err
 
 
+@pytest.fixture
+def restored_logging():
+    """configure_logging changes the root and py4j loggers: put them back after the test."""
+    root, py4j = logging.getLogger(), logging.getLogger("py4j")
+    before = (root.level, root.handlers[:], py4j.level)
+    yield
+    root.setLevel(before[0])
+    root.handlers[:] = before[1]
+    py4j.setLevel(before[2])
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown"),
+    [
+        ({}, set()),
+        ({"quiet": True}, set()),
+        ({"verbose": 1}, {"INFO"}),
+        ({"verbose": 2}, {"INFO"}),  # never py4j's debug lines: they drown Sluice's own
+    ],
+)
+def test_py4j_logs_info_only_when_asked(capsys, restored_logging, flags, shown):
+    from pipeline.cli import configure_logging
+
+    args = argparse.Namespace(**{"quiet": False, "verbose": 0, **flags})
+    configure_logging(args)
+    py4j = logging.getLogger("py4j.clientserver")
+    py4j.debug("a debug line")
+    py4j.info("Callback Server Starting")
+    err = capsys.readouterr().err
+    assert {level for level in ("DEBUG", "INFO") if f"{level} py4j" in err} == shown
+
+
 def test_verbose_and_quiet_together_are_refused(capsys):
     with pytest.raises(SystemExit) as done:
         main(["-v", "-q", "store", "list"])

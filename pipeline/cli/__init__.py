@@ -170,13 +170,16 @@ def log_level(args: argparse.Namespace) -> int | None:
 def configure_logging(args: argparse.Namespace, default: int = logging.WARNING) -> None:
     """Log records to standard error (never standard output, which scripts parse)."""
     level = log_level(args)
+    level = default if level is None else level
     logging.basicConfig(
-        level=default if level is None else level,
+        level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
         force=True,
     )
-    logging.getLogger("py4j").setLevel(logging.INFO)  # its debug lines drown Sluice's own
+    # Never below info: py4j's debug lines drown Sluice's own; its info lines ("Callback
+    # Server Starting") only when asked for (-v).
+    logging.getLogger("py4j").setLevel(max(level, logging.INFO))
 
 
 def resolve_stores(args: argparse.Namespace) -> argparse.Namespace:

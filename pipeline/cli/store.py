@@ -1,4 +1,4 @@
-"""`sluice store ...`: create, list, inspect, write, read, cut and truncate streams."""
+"""`sluice store ...`: create, list, inspect, write, read, cut, truncate and retain streams."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ from typing import IO
 
 from pipeline.cli.progress import Progress
 from pipeline.cli.table import counted
+from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
-from pipeline.streams import StreamCut, StreamStore, open_store
+from pipeline.streams import StreamCut, StreamNotFound, StreamStore, open_store
 from pipeline.streams.api import Retention, ScalingPolicy
 
 FOLLOW_POLL_S = 0.2
 WRITE_FLUSH_EVERY = 1000
 #: A read between cuts this far apart shows its progress on standard error.
 LARGE_READ_BYTES = 64 * 1024 * 1024
+#: Store URIs whose controller applies retention by itself (`sluice store retain` has no work).
+PRAVEGA_SCHEMES = ("pravega", "pravegas", "tcp", "tls")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +59,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = stream_action(sub, "truncate", "drop everything before CUT", cmd_truncate)
     p.add_argument("cut", metavar="CUT", help="a cut's text form (`sluice store cut`)")
+
+    p = sub.add_parser(
+        "retain",
+        help="apply the streams' retention policies now: drop what they no longer keep (safe "
+        "beside running writers and readers; run it from a timer)",
+    )
+    p.add_argument(
+        "streams", nargs="*", metavar="SCOPE/STREAM", help="default: every stream with a policy"
+    )
+    p.set_defaults(func=cmd_retain)
 
     p = stream_action(
         sub, "scale", "split a hot segment, merge cold ones, or apply a policy", cmd_scale
@@ -214,6 +227,73 @@ def cmd_truncate(args: argparse.Namespace) -> int:
         store.truncate(resolve_cut(store, args.stream, args.cut))
         print(f"truncated {args.stream}; head is now {store.head(args.stream).text}")
     return 0
+
+
+def cmd_retain(args: argparse.Namespace) -> int:
+    """Truncate each stream by its recorded policy; one line per stream that has one. Over
+    every stream, a stream that fails is reported on standard error (exit 1) and the others
+    are still retained, so a timer keeps freeing space."""
+    uri = args.store or default_store_uri()
+    if uri.partition(":")[0] in PRAVEGA_SCHEMES:  # nothing to ask: one timer fits both
+        print(
+            f"nothing to do: the Pravega controller of {uri} applies each stream's retention "
+            "policy itself (every controller.retention.frequency.minutes)"
+        )
+        return 0
+    with open_store(uri) as store:
+        if args.streams:
+            for name in args.streams:
+                print(retain(store, name, named=True))
+            return 0
+        said, failed = False, 0
+        for name in store.list_streams():
+            try:
+                line = retain(store, name, named=False)
+            except StreamNotFound:
+                continue  # deleted since it was listed
+            except SluiceError as exc:  # one damaged stream does not stop the others
+                print(f"sluice: error: {name}: {exc}", file=sys.stderr)
+                failed += 1
+                continue
+            if line is not None:
+                print(line)
+                said = True
+    if not said and not failed:
+        print("no stream has a retention policy (`sluice store create --retention-…`)")
+    return 1 if failed else 0
+
+
+def retain(store: StreamStore, stream: str, named: bool) -> str | None:
+    """Apply `stream`'s policy and say what it dropped: the segments whose head moved and
+    the bytes before the new heads; events as counted before and after. None for a stream
+    without a policy, unless it was `named`."""
+    before = store.info(stream)
+    policy = policy_text(before.retention)
+    if policy is None:
+        return f"{stream}: no retention policy, kept everything" if named else None
+    cut = store.apply_retention(stream)
+    if cut is None:
+        return f"{stream}: within its policy ({policy}), nothing dropped"
+    after = store.info(stream)
+    heads = before.head.segments
+    moved = {seg: off - heads.get(seg, 0) for seg, off in cut.positions if off > heads.get(seg, 0)}
+    numbers = ", ".join(map(str, sorted(moved)))
+    return (
+        f"{stream}: dropped {counted(sum(moved.values()), 'byte')} from "
+        f"{'segments' if len(moved) > 1 else 'segment'} {numbers} ({policy}); "
+        f"{counted(before.events, 'event')} before, {after.events:,} now; "
+        f"head is now {after.head.text}"
+    )
+
+
+def policy_text(retention: Retention) -> str | None:
+    """`at most 1,000 bytes, nothing older than 60 s`, or None for no policy."""
+    parts = []
+    if retention.max_bytes is not None:
+        parts.append(f"at most {counted(retention.max_bytes, 'byte')}")
+    if retention.max_age_seconds is not None:
+        parts.append(f"nothing older than {retention.max_age_seconds:g} s")
+    return ", ".join(parts) or None
 
 
 def cmd_scale(args: argparse.Namespace) -> int:

@@ -11,15 +11,17 @@ parameters never share a file. The steps, the layout, and why pandas: `DESIGN.md
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
 import json
+import types
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Union, get_origin
 
 import numpy as np
 import pyarrow as pa
@@ -263,11 +265,20 @@ def load_model(spec: str, params: dict[str, Any] | None = None) -> Model:
 
 
 def _bind_params(spec: str, function: Callable[..., Any], params: dict[str, Any]) -> dict:
-    """The keywords the model will get: `params` plus its signature's defaults."""
+    """The keywords the model will get: `params`, each as the type the function expects
+    (`canonical_value`), plus its signature's defaults."""
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # a builtin or C function: take the params as given
         return params
+    with contextlib.suppress(Exception):  # annotations as types, where they evaluate here
+        signature = inspect.signature(function, eval_str=True)
+    params = {
+        name: canonical_value(spec, signature.parameters[name], value)
+        if name in signature.parameters
+        else value
+        for name, value in params.items()
+    }
     try:
         bound = signature.bind(None, **params)
     except TypeError as exc:
@@ -286,6 +297,62 @@ def _bind_params(spec: str, function: Callable[..., Any], params: dict[str, Any]
         elif kind is not inspect.Parameter.VAR_POSITIONAL:
             effective[name] = value
     return effective
+
+
+def canonical_value(spec: str, parameter: inspect.Parameter, value: Any) -> Any:
+    """`value` as the type of `parameter`'s default (else of its annotation, `float | None`),
+    so that equal values are one replay: `995` for a float is `995.0`, `3.0` for an int is
+    `3`, a whole number for text is its digits. A value that is not of that type, or would
+    change in the conversion (`3.5` for an int, `true` for a number), is a `ModelError`
+    naming the parameter and the type. Parameters of other types are taken as given."""
+    default = parameter.default
+    if default is not inspect.Parameter.empty and default is not None:
+        kinds = (type(default),)
+    else:
+        annotation = parameter.annotation
+        union = isinstance(annotation, types.UnionType) or get_origin(annotation) is Union
+        kinds = tuple(annotation.__args__) if union else (annotation,)
+        kinds = tuple(None if kind is type(None) else kind for kind in kinds)
+        if value is None and (default is None or None in kinds):
+            return None
+    if type(value) in kinds:
+        return value
+    for kind in (bool, int, float, str):
+        if kind not in kinds:
+            continue
+        converted = _converted(kind, value)
+        if converted is not _UNCONVERTIBLE:
+            return converted
+    if not any(kind in kinds for kind in (bool, int, float, str)):
+        return value
+    wanted = " or ".join(_TYPE_NAMES[k] for k in (bool, int, float, str, None) if k in kinds)
+    reason = f"parameter {parameter.name}={value!r} is not {wanted}"
+    if default is not inspect.Parameter.empty:
+        reason += f" (its default is {default!r})"
+    raise ModelError(spec, reason)
+
+
+_UNCONVERTIBLE = object()
+_TYPE_NAMES = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "text",
+    None: "null",
+}
+
+
+def _converted(kind: type, value: Any) -> Any:
+    """`value` as `kind` when that changes nothing but its type; else `_UNCONVERTIBLE`."""
+    if kind is bool or isinstance(value, bool):  # a bool is an int to Python, not to a model
+        return value if kind is bool and isinstance(value, bool) else _UNCONVERTIBLE
+    if kind is float and isinstance(value, int):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind is str and isinstance(value, int):  # `--model m,name=123`: JSON made it a number
+        return str(value)
+    return _UNCONVERTIBLE
 
 
 def run_model(model: Model, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:

@@ -17,7 +17,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,11 +66,18 @@ class SparkSettings:
 
     @classmethod
     def from_config(
-        cls, config: Mapping | None = None, environ: Mapping[str, str] | None = None
+        cls,
+        config: Mapping | None = None,
+        environ: Mapping[str, str] | None = None,
+        source: Path | None = None,
     ) -> SparkSettings:
-        """Settings from the `[spark]` table of sluice.toml, overridden by `SLUICE_SPARK_*`."""
+        """Settings from the `[spark]` table of sluice.toml, overridden by `SLUICE_SPARK_*`.
+
+        A key that is not a setting (`mastr`) is a `SettingsError` naming the key, the file
+        (`source`, default the sluice.toml in use) and the keys there are."""
         env = os.environ if environ is None else environ
         table = dict((config or {}).get("spark", {}))
+        check_keys(table, source)
         extra = {str(k): str(v) for k, v in dict(table.get("conf", {})).items()}
         base = cls()
         return cls(
@@ -84,6 +91,27 @@ class SparkSettings:
             conf=tuple(sorted(extra.items())),
             remote=env.get("SLUICE_SPARK_REMOTE") or str(table.get("remote", base.remote)),
         )
+
+
+def check_keys(table: Mapping, source: Path | None) -> None:
+    """Refuse a `[spark]` key that `SparkSettings` does not have (a typo would silently not
+    apply), and a `conf` that is not a table, as the rest of sluice.toml is refused."""
+    import difflib
+
+    from pipeline.config import config_path
+    from pipeline.settings import SettingsError
+
+    where = str(source or config_path())
+    known = [f.name for f in fields(SparkSettings)]
+    for key in sorted(map(str, table)):
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean spark.{close[0]}? " if close else ""
+            problem = f"unknown key spark.{key} ({hint}the keys of [spark] are {', '.join(known)})"
+            raise SettingsError(where, problem)
+    if not isinstance(table.get("conf", {}), Mapping):
+        problem = 'spark.conf is a table: [spark.conf] "spark.executor.memory" = "2g"'
+        raise SettingsError(where, problem)
 
 
 def _truthy(value: object) -> bool:

@@ -170,7 +170,7 @@ def test_sluice_replay_and_compare_commands(store, store_dir, network, monkeypat
     table = capsys.readouterr().out.splitlines()
     assert table[0] == f"slice {record.slice_id}"
     assert table[1].startswith("a: pipeline.models.nic:throughput@")
-    assert '"burst_mbps": 1,' in table[1] and '"burst_mbps": 100,' in table[2]
+    assert '"burst_mbps": 1.0,' in table[1] and '"burst_mbps": 100.0,' in table[2]
     rows_line = f"rows only in a: 2, only in b: {report['rows_only_in_b']}"
     assert rows_line in table
     metric_rows = [line for line in table if line.startswith("model_metrics.")]

@@ -183,3 +183,58 @@ def test_replay_compare_keeps_both_sides(store, store_dir, bursty, capsys):
     states_b = pq.read_table(b["results"])["state"].to_pylist()
     assert "burst" in states_a and "burst" not in states_b
     assert {p.stem for p in (sluice_home() / "lineage").glob("*.json")} == {a["run"], b["run"]}
+
+
+def test_equal_values_are_one_identity_of_the_values_the_model_gets():
+    """`995` for a float parameter is `995.0`: one run id, one directory. The identity is of
+    the values the model receives, so values already of the right type keep theirs."""
+    from pipeline.cli.replay import parse_model_option
+
+    spec, params = parse_model_option(f"{NIC},burst_mbps=995")
+    as_int, as_float = load_model(spec, params), load_model(NIC, {"burst_mbps": 995.0})
+    assert as_int.params == {"burst_mbps": 995.0, "idle_mbps": 0.1}
+    assert isinstance(as_int.params["burst_mbps"], float)
+    assert as_int.params_hash == as_float.params_hash
+    assert ReplayKey.of("sl-1", as_int).run_id == ReplayKey.of("sl-1", as_float).run_id
+    assert as_float.params_text == '{"burst_mbps": 995.0, "idle_mbps": 0.1}'
+    assert load_model(NIC).params_hash == hash_params_text('{"burst_mbps": 50.0, "idle_mbps": 0.1}')
+
+
+@pytest.fixture
+def typed_model(tmp_path, monkeypatch):
+    (tmp_path / "typed_model.py").write_text(
+        "def typed(frame, n: int = 3, name: str = 'a', flag: bool = False,\n"
+        "          gap: float | None = None, tags=(), **extra):\n"
+        "    return frame\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "typed_model:typed"
+
+
+def test_each_parameter_takes_the_type_of_its_default(typed_model):
+    model = load_model(typed_model, {"n": 4.0, "name": 123, "gap": 5, "tags": [1], "x": 1})
+    assert model.params == {
+        "n": 4,
+        "name": "123",
+        "flag": False,
+        "gap": 5.0,
+        "tags": [1],
+        "x": 1,
+    }
+    assert load_model(typed_model, {"gap": None}).params["gap"] is None
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"n": 3.5}, "parameter n=3.5 is not a whole number (its default is 3)"),
+        ({"n": "three"}, "parameter n='three' is not a whole number (its default is 3)"),
+        ({"flag": 1}, "parameter flag=1 is not true or false (its default is False)"),
+        ({"n": True}, "parameter n=True is not a whole number (its default is 3)"),
+        ({"gap": "x"}, "parameter gap='x' is not a number or null (its default is None)"),
+        ({"name": 1.5}, "parameter name=1.5 is not text (its default is 'a')"),
+    ],
+)
+def test_a_value_that_does_not_fit_the_type_is_refused(typed_model, params, message):
+    with pytest.raises(ModelError, match=re.escape(f"model {typed_model}: {message}")):
+        load_model(typed_model, params)

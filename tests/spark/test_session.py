@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -27,6 +28,28 @@ def test_environment_overrides_the_config_file():
     assert settings.master == "spark://127.0.0.1:7077" and settings.ui
     assert spark_conf(settings)["spark.sql.shuffle.partitions"] == "3"
     assert SparkSettings.from_config(config, environ={}).master == "local[2]"
+
+
+def test_a_misspelt_key_is_refused_naming_it_the_file_and_the_keys(tmp_path, monkeypatch):
+    from pipeline.config import load_config
+    from pipeline.settings import SettingsError
+
+    path = tmp_path / "sluice.toml"
+    path.write_text('[spark]\nmastr = "spark://cluster:7077"\n')
+    monkeypatch.setenv("SLUICE_CONFIG", str(path))
+    expected = (
+        f"{path}: unknown key spark.mastr (did you mean spark.master? the keys of [spark] are "
+        "master, app_name, driver_host, log_level, ui, conf)"
+    )
+    with pytest.raises(SettingsError, match=re.escape(expected)):
+        SparkSettings.from_config(load_config(), environ={})
+    elsewhere = tmp_path / "other.toml"
+    with pytest.raises(
+        SettingsError, match=re.escape(f"{elsewhere}: unknown key spark.colour (the")
+    ):
+        SparkSettings.from_config({"spark": {"colour": "red"}}, environ={}, source=elsewhere)
+    with pytest.raises(SettingsError, match=re.escape("spark.conf is a table")):
+        SparkSettings.from_config({"spark": {"conf": "spark.executor.memory=2g"}}, environ={})
 
 
 def test_java_options_add_to_the_quiet_log_configuration():

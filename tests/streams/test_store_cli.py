@@ -104,3 +104,45 @@ def test_edge_install_runs_store_and_collect_without_platform_packages(tmp_path)
     assert sql.returncode == 1
     assert "needs the platform install" in sql.stderr and sql.stderr.count("\n") == 1
     assert "sql" in run("--help").stdout
+
+
+def test_retain_applies_each_recorded_policy_and_says_what_it_dropped(sluice):
+    sluice("store", "create", "site/kept", "--segments", "2", "--retention-bytes", "13000")
+    sluice("store", "create", "site/free")
+    for key in ("a", "b", "c", "d"):
+        lines = "".join(f"{key}{i:04}\n" for i in range(300))
+        sluice("store", "write", "site/kept", "-k", key, stdin=lines)
+    sluice("store", "write", "site/free", stdin="x\n")
+    before = json.loads(sluice("store", "info", "site/kept").stdout)
+    out = sluice("store", "retain").stdout
+    after = json.loads(sluice("store", "info", "site/kept").stdout)
+    dropped = before["bytes"] - after["bytes"]
+    moved = [
+        a["segment"] for a, b in zip(after["segments"], before["segments"], strict=True) if a != b
+    ]
+    assert len(moved) == 1, "four blocks of 4,250 bytes: the oldest is dropped"
+    assert out == (
+        f"site/kept: dropped {dropped:,} bytes from segment {moved[0]} (at most 13,000 bytes); "
+        f"1,200 events before, {after['events']:,} now; head is now {after['head']}\n"
+    ), "a stream without a policy is left out"
+    assert after["events"] == 900
+    assert sluice("store", "retain", "site/kept", "site/free").stdout == (
+        "site/kept: within its policy (at most 13,000 bytes), nothing dropped\n"
+        "site/free: no retention policy, kept everything\n"
+    )
+    assert sluice("store", "read", "site/free").stdout == "x\n"
+    proc = sluice("store", "retain", "site/missing", ok=False)
+    assert "stream site/missing does not exist" in proc.stderr
+
+
+def test_retain_without_a_policy_anywhere_says_so(sluice):
+    sluice("store", "create", "site/net")
+    assert sluice("store", "retain").stdout == (
+        "no stream has a retention policy (`sluice store create --retention-…`)\n"
+    )
+
+
+def test_retain_on_pravega_leaves_it_to_the_controller(sluice):
+    """No cluster runs here, and none is needed: the command knows from the URI."""
+    out = sluice("--store", "pravega://127.0.0.1:1", "store", "retain", "site/net").stdout
+    assert out.startswith("nothing to do: the Pravega controller of pravega://127.0.0.1:1")

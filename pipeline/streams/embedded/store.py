@@ -316,6 +316,11 @@ class EmbeddedStore(StreamStore):
             engine.segment_file(row, seg).punch_hole(first.offset if first else off)
 
     def apply_retention(self, stream: str, now_ns: int | None = None) -> StreamCut | None:
+        """Truncate at the first block young enough (and within the byte limit) per segment.
+
+        Safe beside writers, transactions and readers in other processes: appends and commits
+        go on at the tail, the head only moves forward (a racing truncation keeps the later
+        head), and a read that reaches data dropped under it raises `Truncated`."""
         engine = self._engine
         row = engine.stream_row(stream)
         max_bytes, max_age = engine.catalog.query_one(
@@ -342,8 +347,10 @@ class EmbeddedStore(StreamStore):
                     break
         new_heads = {}
         for seg, bs in blocks.items():
-            keep = [b for b in bs if b.ingest_ns >= cutoff and b.offset >= head[seg]]
-            new_heads[seg] = keep[0].offset if keep else tail[seg]
+            # The first block may start before the head (a cut inside it): keep its events
+            # from the head on while the block is young enough, never move the head back.
+            keep = [b for b in bs if b.ingest_ns >= cutoff]
+            new_heads[seg] = max(head[seg], keep[0].offset) if keep else tail[seg]
         if new_heads == head:
             return None
         cut = StreamCut.of(row.scope, row.name, new_heads)

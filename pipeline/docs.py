@@ -47,6 +47,12 @@ END_VIEWS = "<!-- end of generated views -->"
 _HOME = "/SLUICE_HOME"  # the scratch home's name while generating; shown as $SLUICE_HOME
 _WIDTH = "100"  # argparse wraps help to $COLUMNS
 
+#: Type and default of collector keys the loader only reads when they are present.
+_OPTIONAL_KEYS: dict[str, tuple[str, str]] = {
+    "collector.metrics_port": ("integer", "unset"),
+    "collector.metrics_address": ("text", '"127.0.0.1"'),
+}
+
 #: Descriptions of keys that neither the code nor the commented files describe.
 _DESCRIPTIONS: dict[str, str] = {
     "stores.NAME.uri": "the store's URI: embedded:<dir>, pravega://host:9090, pravegas://…",
@@ -79,10 +85,16 @@ _DESCRIPTIONS: dict[str, str] = {
     "(SLUICE_SPARK_DRIVER_HOST); a cluster's workers must reach it",
     "spark.log_level": "Spark's log level (SLUICE_SPARK_LOG_LEVEL)",
     "spark.ui": "start the Spark UI (SLUICE_SPARK_UI)",
+    "spark.remote": "auto (attach to `sluice spark start`'s server when one runs, else a local "
+    "Spark), local, or an sc:// URL (SLUICE_SPARK_REMOTE)",
     "spark.conf": 'any Spark configuration: [spark.conf] "spark.executor.memory" = "2g"',
     "collectors": "the demo's collector instances ([collectors.NAME], as a collector.toml's)",
     "collector.store": "the default store of every instance",
     "collector.state_dir": "where the buffers are (default $SLUICE_HOME/collector)",
+    "collector.metrics_port": "serve Prometheus metrics on this TCP port (1-65535), the numbers "
+    "of `sluice collect status`; unset: no endpoint",
+    "collector.metrics_address": "the IP address the metrics endpoint binds (127.0.0.1 unless "
+    "set; another address only with metrics_port)",
     "instance.driver": "nic, accelerometer, files (csv, parquet), mqtt, generator, or the "
     "Pravega Sensor Collector class it replaces",
     "instance.stream": "SCOPE/STREAM the instance writes (or `scope` + `stream`)",
@@ -415,6 +427,7 @@ def collector_settings() -> list[Setting]:
         if read.choices:
             kind = " | ".join(read.choices)
         default = _collector_default(read, options._MISSING)
+        kind, default = _OPTIONAL_KEYS.get(f"{read.table}.{read.key}", (kind, default))
         rows.append(Setting(f"{read.table}.{read.key}", kind, default, text))
     order = {"collector": 0, "instance": 1}
     return sorted(rows, key=lambda s: (order.get(s.key.split(".")[0], 2), s.key.split(".")[0]))

@@ -4,7 +4,7 @@ power cuts and store outages. `sluice collect [--config collector.toml]` runs it
 
 Layout: `settings.py` (with `options.py`, `psc_env.py`); `drivers/` (the contract `base.py`,
 `registry.py`, one module per driver) and their helpers `batch.py`, `tabular.py`,
-`nic_sampler.py`, `pacing.py`, `wording.py`; `buffer/` (queue, ledger, status);
+`nic_sampler.py`, `pacing.py`; `buffer/` (queue, ledger, status);
 `coordinator.py` (PROTOCOL.md), `sender.py`, `instance.py`, `service.py`, `status.py` and
 `metrics.py` (the same numbers for Prometheus). It imports `pipeline.streams` and the leaves
 beneath it, nothing else of the platform: it runs with the `edge` extra only.

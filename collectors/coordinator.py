@@ -20,8 +20,8 @@ from collectors.buffer.schema import BufferedEvent, TxnRecord
 from collectors.errors import ConfigError
 from collectors.failpoints import Failpoints
 from collectors.settings import InstanceSettings, TxnProtocol
-from collectors.wording import counted
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound
+from pipeline.wording import counted
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from collectors.failpoints import Failpoints
 from collectors.instance import Instance, prepare_directory
 from collectors.metrics import serve_metrics
 from collectors.settings import CollectorSettings, InstanceSettings
-from collectors.wording import counted
 from pipeline.streams import StreamStore, open_store
+from pipeline.wording import counted
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from collectors.batch import format_timestamp
 from collectors.buffer import PROMISED_UP_TO
 from collectors.buffer.status import read_counters, read_meta
 from collectors.settings import CollectorSettings, InstanceSettings
-from collectors.wording import counted
+from pipeline.wording import counted
 
 
 @dataclass(frozen=True, slots=True)

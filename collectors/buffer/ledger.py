@@ -17,7 +17,7 @@ from collectors.buffer.file import BufferFile
 from collectors.buffer.schema import BufferedEvent, TxnRecord, TxnRecordState
 from collectors.buffer.status import add_counters, raise_last_committed
 from collectors.errors import BufferCorrupt
-from collectors.wording import counted
+from pipeline.wording import counted
 
 #: The last buffer id promised to a recorded transaction; the send queue starts after it.
 #: Every record with a range holds its rows out of the queue until it is resolved: `ready`

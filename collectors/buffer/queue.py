@@ -26,8 +26,8 @@ from collectors.buffer.file import BufferFile, WriteTurns
 from collectors.buffer.ledger import TxnLedger
 from collectors.buffer.schema import BufferedEvent, CursorState, PendingEvent
 from collectors.failpoints import Failpoints
-from collectors.wording import counted
 from pipeline.streams import MAX_EVENT_SIZE, EventTooLarge
+from pipeline.wording import counted
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from collectors.drivers.base import (
 )
 from collectors.errors import DriverError
 from collectors.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
-from collectors.wording import counted
+from pipeline.wording import counted
 
 EVENTS_PER_COMMIT = 100
 FILE_STATE_VERSION = 2  # 2: `digest`, the SHA-256 of the bytes ingested

@@ -23,7 +23,7 @@ from collectors.drivers.base import (
     DriverSettings,
     OptionsReader,
 )
-from collectors.wording import counted
+from pipeline.wording import counted
 
 CURSOR = "generator"
 CURSOR_VERSION = 1

@@ -22,7 +22,7 @@ from collectors.batch import ColumnBatch, camel_case
 from collectors.drivers.base import DriverContext, DriverSettings, OptionsReader
 from collectors.errors import DriverError
 from collectors.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
-from collectors.wording import counted
+from pipeline.wording import counted
 
 
 @dataclass(frozen=True, slots=True)

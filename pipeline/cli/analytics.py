@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.cli.table import counted
+from pipeline.wording import counted
 
 if TYPE_CHECKING:
     import duckdb

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from pipeline.cli.table import counted
+from pipeline.wording import counted
 
 Style = Literal["bar", "lines", "off"]
 #: A bar is redrawn this often while nothing is counted, so that its clock keeps running.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.cli.options import slices_stream_option
 from pipeline.cli.progress import Progress, Task
-from pipeline.cli.table import counted
+from pipeline.wording import counted
 
 if TYPE_CHECKING:
     from pipeline.jobs.replay import Comparison, OnStep, ReplayStep

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.cli.options import slices_stream_option
 from pipeline.cli.progress import Progress, Task
-from pipeline.cli.table import counted
 from pipeline.config import under_home
 from pipeline.errors import SluiceError
 from pipeline.jobs.bookmark import (
@@ -39,6 +38,7 @@ from pipeline.jobs.export import DEFAULT_FORMATS, MAX_ROWS_PER_FILE, ExportSpec,
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
 from pipeline.jobs.stream_join import TIME_COLUMN, SeriesSource, StreamJoinSpec, join_streams
+from pipeline.wording import counted
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

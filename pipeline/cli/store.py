@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import IO
 
 from pipeline.cli.progress import Progress
-from pipeline.cli.table import counted
 from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
 from pipeline.streams import StreamCut, StreamNotFound, StreamStore, open_store
 from pipeline.streams.api import Retention, ScalingPolicy
+from pipeline.wording import counted
 
 FOLLOW_POLL_S = 0.2
 WRITE_FLUSH_EVERY = 1000

@@ -40,8 +40,3 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[object]], max_rows: i
     footer += f", {left_out} not shown: use --max-rows)" if left_out else ")"
     out.append(footer)
     return "\n".join(out)
-
-
-def counted(count: int, noun: str, plural: str | None = None) -> str:
-    """`1 event`, `2 events`, `1,000 events` (a noun that does not just take an s: `plural`)."""
-    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

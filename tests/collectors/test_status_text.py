@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collectors.status import InstanceStatus, format_status
-from collectors.wording import counted
+from pipeline.wording import counted
 
 
 def test_counts_agree_with_their_nouns():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.wording import counted
+from pipeline.wording import counted
 from tests.collectors.conftest import REPO, read_payloads, run_cli, toml_text, wait_for
 
 STREAM = "lab/signals"

@@ -76,7 +76,7 @@ def test_a_truncated_segment_refuses_writes_until_repair(sluice, store_dir):
     assert "repair" in refused.stderr
     lost = sluice("store", "repair", rc=1).stdout  # the cut-off block's events are gone
     assert "not fixed: site/net segment 0" in lost
-    assert "10 events in 1 blocks" in lost
+    assert "10 events in 1 block from" in lost
     sluice("store", "verify")
     sluice("store", "write", "site/net", "-k", "k", stdin=events("b", 1))
     assert len(sluice("store", "read", "site/net").stdout.splitlines()) == 21

@@ -25,6 +25,7 @@ from pipeline.streams.embedded.manifest import (
     write_store_id,
 )
 from pipeline.streams.errors import CatalogMismatch
+from pipeline.wording import counted
 
 #: (segment, head) -> where the block holding `head` starts
 HeadBlock = Callable[[int, int], int]
@@ -77,7 +78,8 @@ def _initialise(
         return store_id  # another process got here first
     path = str(catalog.path)
     if version is None and (file_id is not None or on_disk):
-        reason = f"it is new or empty, but data/ holds the directories of {len(on_disk)} streams"
+        streams = counted(len(on_disk), "stream")
+        reason = f"it is new or empty, but data/ holds the directories of {streams}"
         raise CatalogMismatch(path, reason)
     if version is not None and file_id is not None:
         raise CatalogMismatch(path, "it is a version-1 catalog, older than the data beside it")

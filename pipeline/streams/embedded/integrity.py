@@ -24,6 +24,7 @@ from pipeline.streams.embedded.reading import BlockReader
 from pipeline.streams.embedded.scaling import scale
 from pipeline.streams.errors import InvalidCut, StreamNotFound, StreamSealed
 from pipeline.streams.names import parse_stream
+from pipeline.wording import counted
 
 END = 2**63 - 1
 
@@ -148,7 +149,8 @@ def check_unindexed(engine: Engine, row: StreamRow, segment: int, end: int, tall
             return
         survey = segfile.survey(end)
     for bad, later in survey.damaged:
-        what = f"{later - bad} bytes are no valid block, but valid blocks follow at {later}"
+        what = f"{counted(later - bad, 'byte')} are no valid block, but valid blocks follow"
+        what += f" at {later}"
         add(tally, row, segment, bad, what, fixable=False)
     if survey.torn_tail is not None:
         torn, size = survey.torn_tail
@@ -246,13 +248,14 @@ def repair_segment(engine: Engine, row: StreamRow, segment: int, tally: Tally) -
             found = valid.get(block.offset)
             if found is None or found.length != block.length:
                 what = (
-                    f"a damaged block of {block.events} events that cannot be read; reads"
-                    f" stop here, a cut at offset {block.end} reads on after it"
+                    f"a damaged block of {counted(block.events, 'event')} that cannot be read;"
+                    f" reads stop here, a cut at offset {block.end} reads on after it"
                 )
                 add(tally, row, segment, block.offset, what)
         for bad, later in survey.damaged:
             if bad >= end:
-                what = f"{later - bad} bytes are no valid block (valid blocks follow at {later})"
+                what = f"{counted(later - bad, 'byte')} are no valid block"
+                what += f" (valid blocks follow at {later})"
                 add(tally, row, segment, bad, what)
         engine.index_blocks(row, segment, [h for h in survey.blocks if h.offset >= end])
         if survey.torn_tail is not None and survey.size > end:
@@ -282,7 +285,8 @@ def drop_lost_rows(
     if readable:
         events = sum(b.events for b in readable)
         what = (
-            f"the segment file ends at {size}: {events} events in {len(readable)} blocks from"
+            f"the segment file ends at {size}: {counted(events, 'event')} in"
+            f" {counted(len(readable), 'block')} from"
             f" {max(readable[0].offset, head)} to {readable[-1].end} are lost"
         )
         add(tally, row, segment, max(readable[0].offset, head), what)
@@ -301,7 +305,7 @@ def drop_lost_rows(
             " (SELECT name FROM reader_groups WHERE stream_id=?)",
             (first, segment, first, row.id),
         )
-    fixed = f"dropped the index rows of {len(lost)} blocks the file no longer holds"
+    fixed = f"dropped the index rows of {counted(len(lost), 'block')} the file no longer holds"
     tally.fixed.append(Problem(row.qualified, segment, first, fixed, True))
 
 

@@ -51,6 +51,7 @@ from pipeline.streams.pravega.transactions import (
     no_writer_ids,
     parse_txn_id,
 )
+from pipeline.wording import counted
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -428,8 +429,8 @@ def _multi_segment(stream: str, count: int) -> Unsupported:
         )
     return Unsupported(
         BACKEND,
-        f"read {stream} by position: it has {count} segments, and the client can neither read "
-        "a chosen segment nor tell which segment an event came from",
+        f"read {stream} by position: it has {counted(count, 'segment')}, and the client can neither"
+        " read a chosen segment nor tell which segment an event came from",
         "create Pravega streams with segments=1 for exact positional reads (a routing key then "
         "orders nothing across segments), or read this one with a Pravega connector for "
         "Spark/Flink",

@@ -165,18 +165,30 @@ def turn_on_automation(env: Mapping[str, str], log: Path, timeout: float = 600.0
     ]
     with log.open("ab") as out:
         procs = [
-            subprocess.Popen(c, cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                c,
+                cwd=REPO,
+                env=dict(env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # with the code server it starts
+            )
             for c in commands
         ]
-    for command, proc in zip(commands, procs, strict=True):
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        if code != 0:
-            msg = f"`{' '.join(command[1:4])}` exited with {code}"
-            raise AutomationError(msg, log)
+    try:
+        for command, proc in zip(commands, procs, strict=True):
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code != 0:
+                msg = f"`{' '.join(command[1:4])}` exited with {code}"
+                raise AutomationError(msg, log)
+    finally:
+        for proc in procs:  # on an error or SIGTERM: none is left behind
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 # --- waiting for the automation -----------------------------------------------------------

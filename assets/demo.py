@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", type=float, required=True, help="epoch seconds")
     parser.add_argument("--stopped", type=Path, required=True, help="appears when collectors end")
     parser.add_argument("--summary", type=Path, required=True)
-    parser.add_argument("--settle-timeout", type=float, default=900.0)
+    parser.add_argument("--settle-timeout", type=float, default=1500.0)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     settings = load_settings()

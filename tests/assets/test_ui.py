@@ -34,6 +34,7 @@ QUIET, BURST = 1000, 100_000  # bytes per 0.1 s sample: 0.08 and 8 Mbit/s
 #: Sensors tick every 5 s in this UI (the daemon's loop), not every 30 s.
 SENSOR_PACE = {"SLUICE_DAGSTER_TAIL_SENSOR_INTERVAL_SECONDS": "5"}
 REPLAY_NODE = re.compile(r"^replay_nic_throughput$")
+UPSTREAM = "view=lineage&lineageScope=upstream&lineageDepth=3"  # slices, mirror, edge stream
 
 
 def skip_welcome(page) -> None:
@@ -93,7 +94,8 @@ def check_lineage_graph(page, base: str) -> None:
     of the assets it reads (the graph's layers), so the chain reads left to right."""
     from playwright.sync_api import expect
 
-    open_page(page, f"{base}/assets/network/edge_stream?view=lineage&lineageScope=downstream")
+    url = f"{base}/assets/network/edge_stream?view=lineage&lineageScope=downstream&lineageDepth=4"
+    open_page(page, url)
     names = ["edge_stream", "cloud_mirror", "parquet_export", "csv_export", "slices"]
     for name in [*names, "duckdb_views"]:
         expect(page.get_by_text(name, exact=True).last).to_be_visible(timeout=UI_TIMEOUT_MS)
@@ -138,8 +140,7 @@ def check_replay_partition(page, base: str, replay: dict[str, Any]) -> None:
         expect(metadata_row(page, key)).to_contain_text(str(replay[key]), timeout=UI_TIMEOUT_MS)
     assert replay["lineage"].endswith("lineage.json")
     page.screenshot(path=str(ARTIFACTS / "dagster-replay-partition.png"), full_page=True)
-    url = f"{base}/assets/network/replay_nic_throughput?view=lineage&lineageScope=upstream"
-    open_page(page, url)
+    open_page(page, f"{base}/assets/network/replay_nic_throughput?{UPSTREAM}")
     for name in ("slices", "cloud_mirror", "edge_stream"):
         expect(page.get_by_text(name, exact=True).last).to_be_visible(timeout=UI_TIMEOUT_MS)
     page.screenshot(path=str(ARTIFACTS / "dagster-replay-lineage.png"))

@@ -446,15 +446,17 @@ def main(argv: list[str] | None = None) -> int:
     env = automation_environ(settings, os.environ)
     with sluice_instance(settings) as instance:
         demo = DemoAutomation(settings, instance, logs / "daemon.log")
-        with daemon_running(env, logs / "daemon.log") as daemon:
-            turn_on_automation(env, logs / "automation.log")
-            print("dagster: sensors and schedules on", file=sys.stderr, flush=True)
-            wait_for(args.stopped, timeout=max(0.0, args.until - time.time()) + 120.0)
-            demo.settle(daemon, final_tails(settings), timeout=args.settle_timeout)
-            daemon.stop()
-            demo.wait_for_runs(timeout=args.settle_timeout)
-        summary = demo.summary()
-    args.summary.write_text(json.dumps(summary, indent=2, default=str))
+        try:
+            with daemon_running(env, logs / "daemon.log") as daemon:
+                turn_on_automation(env, logs / "automation.log")
+                print("dagster: sensors and schedules on", file=sys.stderr, flush=True)
+                wait_for(args.stopped, timeout=max(0.0, args.until - time.time()) + 120.0)
+                demo.settle(daemon, final_tails(settings), timeout=args.settle_timeout)
+                daemon.stop()
+                demo.wait_for_runs(timeout=args.settle_timeout)
+        finally:  # what the automation did, also when it did not finish
+            summary = demo.summary()
+            args.summary.write_text(json.dumps(summary, indent=2, default=str))
     return 0 if all(r["success"] for r in summary["runs"]) else 1
 
 

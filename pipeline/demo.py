@@ -232,6 +232,8 @@ def dagster_running(
 
 def dagster_result(proc: subprocess.Popen, summary: Path, log_path: Path) -> dict[str, Any]:
     code = proc.wait()
+    if code != 0 and summary.exists():  # what each sensor and schedule did before it failed
+        print("\n".join(automation_lines(json.loads(summary.read_text()))), flush=True)
     if code != 0 or not summary.exists():
         step, reason = "run the automation", f"Dagster exited with {code} (see {log_path})"
         raise DemoError(step, reason)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import dagster as dg
+from dagster._check import CheckError
 
 from assets.keys import (
     CODE_VERSION_TAG,
@@ -89,6 +90,14 @@ def oldest_replay(
     return oldest
 
 
+def tick_text(context: dg.ScheduleEvaluationContext) -> str | None:
+    """The tick's scheduled time; None when the schedule is evaluated by hand (a test)."""
+    try:
+        return context.scheduled_execution_time.isoformat()
+    except CheckError:  # the context has no scheduled time
+        return None
+
+
 def evaluate_nightly(
     context: dg.ScheduleEvaluationContext, family: StreamFamily, versions: dict[dg.AssetKey, str]
 ) -> list[dg.RunRequest] | dg.SkipReason:
@@ -111,11 +120,10 @@ def evaluate_nightly(
     if oldest is None:
         return dg.SkipReason(f"{family.name} has no replayed slice to revalidate yet")
     partition, record = oldest
-    tick = context.scheduled_execution_time
     # One revalidation per tick: a slice whose history no longer replays fails every night.
     return [
         dg.RunRequest(
-            run_key=f"revalidate:{partition}:{tick.isoformat() if tick else record.storage_id}",
+            run_key=f"revalidate:{partition}:{tick_text(context) or record.storage_id}",
             partition_key=partition,
             job_name=job,
             tags={REPLAY_REASON_TAG: "revalidate", REVALIDATES_TAG: record.run_id},

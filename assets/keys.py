@@ -108,6 +108,11 @@ def catch_up_tags(family: StreamFamily) -> dict[str, str]:
 #: Tags Dagster itself writes on materializations and observations.
 DATA_VERSION_TAG = "dagster/data_version"
 CODE_VERSION_TAG = "dagster/code_version"
+#: Tags Dagster itself writes on runs: the partition, the run key, the sensor or schedule.
+PARTITION_TAG = "dagster/partition"
+RUN_KEY_TAG = "dagster/run_key"
+SENSOR_NAME_TAG = "dagster/sensor_name"
+SCHEDULE_NAME_TAG = "dagster/schedule_name"
 
 # --- partitions ---------------------------------------------------------------------------
 
@@ -128,3 +133,10 @@ SKIPPED = "skipped"
 
 #: The version of every sensor cursor's JSON document.
 CURSOR_VERSION: Literal[1] = 1
+
+# --- why the nightly schedule requested a replay run (`assets/schedules.py`) --------------
+
+#: `stale` (a model's version changed, or the slice was never replayed) or `revalidate`.
+REPLAY_REASON_TAG = "sluice/replay_reason"
+#: On a revalidation: the Dagster run whose replay of the slice is being checked again.
+REVALIDATES_TAG = "sluice/revalidates"

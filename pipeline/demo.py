@@ -1,13 +1,15 @@
-"""`make demo`: the whole pipeline for about a minute, orchestrated by Dagster, then a summary.
+"""`make demo`: the whole pipeline for about a minute, run by Dagster's automation, then a summary.
 
     python -m pipeline.demo [--short] [--seconds N]
 
 The collectors of sluice.toml run as the edge service (`sluice collect`: a NIC collector on
 the busiest interface and a generator) while Dagster (`python -m assets.demo`, a child
-process: `pipeline` never imports dagster) materializes the assets over and over; then the
-collectors drain and stop, Dagster catches up, replays every slice and refreshes the DuckDB
-views, and the summary prints counts, checks, replay metrics and a query. Everything is
-written under `$SLUICE_HOME`; `make ui` opens the demo's Dagster instance to browse its runs."""
+process: `pipeline` never imports dagster) starts its daemon and turns every sensor and
+schedule on: the tail sensor launches catch-ups, the new-slices sensor replays, the schedule
+revalidates a replay, the automation-condition sensor refreshes the DuckDB views. Once the
+collectors drain and stop and that work is done, the summary prints counts, what each sensor
+and schedule launched, checks, replay metrics and a query. Everything is written under
+`$SLUICE_HOME`; `make ui` opens the demo's Dagster instance to browse its runs and ticks."""
 
 from __future__ import annotations
 
@@ -213,7 +215,8 @@ class LoopbackBursts:
 def dagster_running(
     until: float, stopped: Path, summary: Path, log_path: Path, env: Mapping[str, str]
 ) -> Iterator[subprocess.Popen]:
-    """`python -m assets.demo`: catch-up runs until `until`, the rest once `stopped` exists."""
+    """`python -m assets.demo`: Dagster's daemon and automation, until `stopped` exists and
+    the automation has caught up with the final tails."""
     for stale in (stopped, summary):
         stale.unlink(missing_ok=True)
     command = [sys.executable, "-m", "assets.demo", "--until", str(until)]
@@ -224,13 +227,15 @@ def dagster_running(
         yield proc
     finally:
         if proc.poll() is None and not stopped.exists():
-            stop_process(proc, grace_seconds=30.0)
+            stop_process(proc, grace_seconds=120.0)  # it stops its daemon on SIGTERM
 
 
 def dagster_result(proc: subprocess.Popen, summary: Path, log_path: Path) -> dict[str, Any]:
     code = proc.wait()
+    if code != 0 and summary.exists():  # what each sensor and schedule did before it failed
+        print("\n".join(automation_lines(json.loads(summary.read_text()))), flush=True)
     if code != 0 or not summary.exists():
-        step, reason = "materialize the assets", f"Dagster exited with {code} (see {log_path})"
+        step, reason = "run the automation", f"Dagster exited with {code} (see {log_path})"
         raise DemoError(step, reason)
     return json.loads(summary.read_text())
 
@@ -314,6 +319,51 @@ FROM rates GROUP BY Interface ORDER BY Interface
 """.strip()
 
 
+def automation_lines(dagster: dict[str, Any]) -> list[str]:
+    """Per sensor and schedule: on or off, its ticks, and the runs it launched."""
+    runs = {r["run_id"]: r for r in dagster["runs"]}
+    pace = ", ".join(f"{k}={v}" for k, v in dagster["automation"].items())
+    out = [f"\nDagster's automation (dagster-daemon; the demo's pace: {pace}):"]
+    for item in dagster["launchers"]:
+        ticks = item["ticks"]
+        detail = ", ".join(f"{n} {status}" for status, n in sorted(ticks.items()))
+        launched = item["runs"]
+        out.append(
+            f"  {item['kind']:<8} {item['name']}: {'on' if item['running'] else 'off'}, "
+            f"{sum(ticks.values())} ticks ({detail or 'none'}), {len(launched)} runs"
+        )
+        out += [f"    {run_line(runs[run_id])}" for run_id in launched if run_id in runs]
+    by_hand = [r for r in dagster["runs"] if r["launched_by"] == "manual"]
+    out.append(f"  launched by hand: {len(by_hand)} runs")
+    out += [f"    {run_line(r)}" for r in by_hand]
+    return out
+
+
+def run_line(run: dict[str, Any]) -> str:
+    """`run id  job [partition]  status  (why)  assets` of one run."""
+    what = run["job"] + (f" {run['partition']}" if run["partition"] else "")
+    if run["job"].startswith("__"):  # an asset selection, not a named job
+        what = ", ".join(run["assets"])
+    why = f"  ({run['reason']})" if run.get("reason") else ""
+    return f"{run['run_id'][:8]}  {what:<40} {run['status']}{why}"
+
+
+def revalidation_lines(dagster: dict[str, Any]) -> list[str]:
+    out = [f"\nrevalidated by the schedule ({len(dagster['revalidations'])}):"]
+    for r in dagster["revalidations"]:
+        checked = f"run {r['run_id'][:8]} against run {(r['revalidates'] or '?')[:8]}"
+        if not r["compared"]:
+            verdict = "no earlier replay in this demo to compare with"
+        elif r["differences"]:
+            verdict = "DIFFERENT: " + ", ".join(
+                f"{k} {a} -> {b}" for k, (a, b) in sorted(r["differences"].items())
+            )
+        else:
+            verdict = "same cuts, counts, model version and metrics"
+        out.append(f"  {r['slice_id']}  {r['asset']} ({checked}): {verdict}")
+    return out
+
+
 def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoPlan) -> None:
     from pipeline.analytics.sandbox import query
     from pipeline.analytics.sources import AnalyticsPaths
@@ -329,6 +379,7 @@ def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoP
             f"{c.name:<12} {c.collected:>9}  {c.mirrored:>8}  {c.exported_rows:>13}"
             f"  {c.quarantined:>11}  {c.slices:>6}"
         )
+    out += automation_lines(dagster)
     failed = sorted(name for name, ok in checks.items() if not ok)
     out.append(f"\nasset checks: {len(checks) - len(failed)}/{len(checks)} passed")
     out += [f"  not passed: {name}" for name in failed]
@@ -340,6 +391,7 @@ def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoP
             f"  {r['slice_id']}  {r['model']} {r['model_version']}: {r['input_rows']} rows -> "
             f"{r['output_rows']} results, burst periods {bursts}, peak rx {peak} Mbit/s"
         )
+    out += revalidation_lines(dagster)
     columns, rows = query(paths, DEMO_QUERY)
     out.append(f"\nDuckDB over the Parquet exports ({paths.database}):\n{DEMO_QUERY}\n")
     out.append(render(columns, rows))
@@ -384,10 +436,14 @@ def main(argv: list[str] | None = None) -> int:
         bursts = LoopbackBursts() if interface == "lo" else contextlib.nullcontext()
         with collectors_running(env, logs / "collector.log"), bursts:
             wait_for_streams(settings, timeout=30.0)
-            print("collectors are writing; Dagster catches up (mirror, exports, slices)")
+            print("collectors are writing; Dagster's sensors catch up (mirror, exports, slices)")
             time.sleep(max(0.0, until - time.time()))
         stopped.touch()
-        print("collectors stopped; Dagster: last catch-up, replays, analytics", flush=True)
+        print(
+            "collectors stopped; Dagster's automation: last catch-up, replays, a scheduled "
+            "revalidation, analytics",
+            flush=True,
+        )
         result = dagster_result(dagster, summary, dagster_log)
     print_summary(settings, result, plan)
     return 0

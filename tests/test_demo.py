@@ -56,7 +56,7 @@ def test_make_demo_short(_sluice_home):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # Dagster's automation: a run worker, step processes, Spark per step
         check=False,
     )
     out = done.stdout
@@ -83,11 +83,45 @@ def test_make_demo_short(_sluice_home):
     assert "make ui" in out
     assert list((_sluice_home / "plots").glob("*.png"))
 
+    # every run was launched by the automation, and the summary says which launched what
+    assert "launched by hand: 0 runs" in out
+    launched = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(
+            r"^  (?:sensor|schedule) +(\S+): (?:on|off), .* (\d+) runs$", out, re.M
+        )
+    }
+    assert launched["edge_tail_sensor"] >= 2  # a catch-up of each family, at least
+    assert launched["new_slices_sensor"] == slices  # a replay per slice
+    assert launched["nightly_replays_network"] >= 1  # the revalidation
+    assert launched["default_automation_condition_sensor"] >= 1  # the analytics views
+    assert "schedule nightly_replays_network: off" in out  # turned off after its first run
+    assert re.search(
+        r"^  sl-\S+  network/replay_nic_throughput \(run \w{8} against run \w{8}\): "
+        r"same cuts, counts, model version and metrics$",
+        out,
+        re.M,
+    )
+
     import dagster as dg
 
     with dg.DagsterInstance.from_config(str(_sluice_home / "dagster")) as instance:
         runs = instance.get_runs()
         assert runs and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
-        jobs = {r.job_name for r in runs}
-        assert {"observe_edge_streams", "catch_up_network", "replay_network"} <= jobs
-        assert "refresh_analytics" in jobs
+        by_launcher = {}
+        for run in runs:
+            who = run.tags.get("dagster/sensor_name") or run.tags.get("dagster/schedule_name")
+            by_launcher.setdefault(who, set()).add(run.job_name)
+        assert by_launcher["edge_tail_sensor"] == {"catch_up_network", "catch_up_generator"}
+        assert by_launcher["new_slices_sensor"] == {"replay_network"}
+        assert by_launcher["nightly_replays_network"] == {"replay_network"}
+        assert None not in by_launcher  # nothing launched by hand
+        (revalidation,) = [r for r in runs if r.tags.get("sluice/replay_reason") == "revalidate"]
+        assert revalidation.tags["dagster/schedule_name"] == "nightly_replays_network"
+        # the daemon and everything it started are gone
+        states = {s.instigator_name: s.is_running for s in instance.all_instigator_state()}
+        assert states["edge_tail_sensor"] and not states["nightly_replays_network"]
+    daemons = subprocess.run(
+        ["pgrep", "-f", f"dagster.*{_sluice_home}"], capture_output=True, text=True, check=False
+    )
+    assert daemons.stdout == "", daemons.stdout

@@ -72,11 +72,14 @@ def test_slices_replays_schedule_and_views(settings, spark, monkeypatch):
             assert meta["params"] == {"burst_mbps": 5.0, "idle_mbps": 0.01}
             runs[record.slice_id], outputs[record.slice_id] = meta["run_id"], meta["output_rows"]
 
-        # nightly: nothing stale; after a change to the model, every slice is
+        # nightly: nothing stale, so the oldest replay is revalidated; after a change to the
+        # model, every slice is stale
         schedule_context = dg.build_schedule_context(instance=instance)
         nightly = defs.resolve_schedule_def("nightly_replays_network")
         assert nightly.cron_schedule == settings.dagster.replay_schedule
-        assert isinstance(nightly(schedule_context), dg.SkipReason)
+        (revalidate,) = nightly(schedule_context)
+        assert revalidate.partition_key == ids[0]
+        assert revalidate.tags["sluice/replay_reason"] == "revalidate"
         from pipeline.models import nic
 
         monkeypatch.setattr(nic.throughput, "version", "changed-in-test", raising=False)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,10 +62,12 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def dagster_ui(home: Path, logs: Path) -> Iterator[str]:
-    """The webserver's base URL while it (and the daemon that launches queued runs) run."""
+def dagster_ui(home: Path, logs: Path, environ: Mapping[str, str] | None = None) -> Iterator[str]:
+    """The webserver's base URL while it (and the daemon that launches queued runs and ticks
+    the sensors turned on) run; `environ` adds variables (`SLUICE_*` overrides)."""
     dagster_home = prepare_dagster_home(home / "dagster")
-    env = {**os.environ, "SLUICE_HOME": str(home), "DAGSTER_HOME": str(dagster_home)}
+    env = {**os.environ, **(environ or {}), "SLUICE_HOME": str(home)}
+    env["DAGSTER_HOME"] = str(dagster_home)
     bin_dir = Path(sys.executable).parent
     port = free_port()
     logs.mkdir(parents=True, exist_ok=True)

@@ -168,8 +168,9 @@ def print_summary(summary: JobSummary) -> int:
 
 
 def _start(job: Callable[..., JobSummary], spec: Any, run: RunOptions) -> JobSummary:
-    """Run `job` over `spec` in this process's Spark session, reporting each batch."""
-    return job(_session(), spec, run, report=print_report)
+    """Run `job` over `spec` in this process's Spark session, reporting each batch; the
+    session starts only if the job needs it (a caught-up `--available-now` run does not)."""
+    return job(_session, spec, run, report=print_report)
 
 
 def _session() -> SparkSession:

@@ -155,7 +155,7 @@ def test_a_replay_model_sees_and_returns_exact_values(spark, store, monkeypatch,
         for t, rx in zip(event["TimestampNanos"], event["RxBytes"], strict=True)
     )
     if model == "echo":
-        dtypes = result.metrics["dtypes"]
+        dtypes = result.metrics["model_metrics"]["dtypes"]
         assert (dtypes["TimestampNanos"], dtypes["RxBytes"]) == ("int64", "int64")
         assert dtypes["RemoteAddr"] in ("str", "string", "object")  # pandas 3, 2
         assert written.schema.field("TimestampNanos").type == pa.int64()

@@ -3,7 +3,9 @@
 `catch_up_asset` makes one from a `CatchUpStep` (the mirror and the exports here, the slices
 in `assets/slices.py`): it runs the job with `Trigger.AvailableNow` on the checkpoint of its
 `sluice run … --continuous` service, skips with an observation while that service holds it,
-retries transient Spark failures, and records the cut range, counts and lag it covered.
+retries transient Spark failures, and records the cut range, counts and lag it covered. A run
+that finds nothing new (decided from the checkpoint and the store, `pipeline/jobs/runner.py`:
+`caught_up`) records an observation without ever starting Spark.
 Delivery: exactly-once, as the jobs are (`pipeline/jobs/mirror.py`, `export.py`,
 `bookmark.py`): a failed run re-runs from its checkpoint. More in `assets/DESIGN.md`.
 """
@@ -51,6 +53,8 @@ from resources.stores import StreamStoresResource
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from pipeline.jobs.runner import SessionFactory
 
 #: Spark steps are exactly-once (mirror, export, slices) or deterministic (replays), so a step
 #: that failed for a transient reason (a Python worker that did not connect back on a loaded
@@ -141,15 +145,23 @@ def skipped_observation(key: dg.AssetKey, outcome: StepOutcome) -> dg.AssetObser
     return dg.AssetObservation(asset_key=key, metadata=metadata)
 
 
-def idle_observation(key: dg.AssetKey, metadata: dict[str, Any]) -> dg.AssetObservation:
-    """A run that found no new events: an observation (why, where the job stands, the lag),
-    never a materialization, so the latest materialization always describes real data."""
+#: Whether a catch-up run started Spark: false when the checkpoint and the store showed that
+#: nothing was new, which is decided before any session exists.
+SPARK_STARTED = "spark_started"
+
+
+def idle_observation(
+    key: dg.AssetKey, metadata: dict[str, Any], spark_started: bool
+) -> dg.AssetObservation:
+    """A run that found no new events: an observation (why, where the job stands, the lag,
+    whether Spark had to start to find out), never a materialization, so the latest
+    materialization always describes real data."""
     end = metadata.get(END_CUT)
     why = f"no new events since {end.value}" if end is not None else "no events yet"
     kept = {k: metadata[k] for k in (END_CUT, "lag_bytes", "checkpoint") if k in metadata}
-    return dg.AssetObservation(
-        asset_key=key, metadata={SKIPPED: dg.MetadataValue.text(why), **kept}
-    )
+    metadata = {SKIPPED: dg.MetadataValue.text(why), **kept}
+    metadata[SPARK_STARTED] = dg.MetadataValue.bool(spark_started)
+    return dg.AssetObservation(asset_key=key, metadata=metadata)
 
 
 def run_metadata(outcome: StepOutcome, checkpoint: Path, source_tail: StreamCut) -> dict[str, Any]:
@@ -183,8 +195,21 @@ def data_version(metadata: dict[str, Any]) -> dg.DataVersion | None:
 
 #: What the step reads before its job runs, for its results to compare against.
 Before = TypeVar("Before")
-#: A streaming job run on the step's Spark session: `mirror`, `export`, `bookmark`.
-RunJob = Callable[["SparkSession", RunOptions, Callable[[BatchReport], None]], JobSummary]
+#: A streaming job run with the step's Spark session, which it asks for only when it needs one
+#: (`SessionFactory`): `mirror`, `export`, `bookmark`.
+RunJob = Callable[["SessionFactory", RunOptions, Callable[[BatchReport], None]], JobSummary]
+
+
+class StepSession:
+    """The Spark session of one step, built on the job's first call (never, for a run that
+    finds nothing new); `started` says whether it was asked for."""
+
+    def __init__(self, spark: SparkResource) -> None:
+        self.spark, self.started = spark, False
+
+    def __call__(self) -> "SparkSession":
+        self.started = True
+        return self.spark.session
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,9 +293,10 @@ def catch_up_asset(step: CatchUpStep[Any]) -> dg.AssetsDefinition:
     ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
         store = stores.open(step.source.store)
         before = step.before(store)
+        session = StepSession(spark)
         outcome = catch_up(
             context,
-            lambda options, report: step.run(spark.session, options, report),
+            lambda options, report: step.run(session, options, report),
             step.checkpoint,
             step.service,
         )
@@ -282,7 +308,7 @@ def catch_up_asset(step: CatchUpStep[Any]) -> dg.AssetsDefinition:
         if outcome.summary is not None and outcome.summary.events == 0:
             context.log.info(f"nothing to materialize: {step.source.stream} has no new events")
             for key in step.keys:
-                yield idle_observation(key, metadata)
+                yield idle_observation(key, metadata, session.started)
             return
         yield from step.results(StepRun(outcome, metadata, store, before))
 

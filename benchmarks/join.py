@@ -4,21 +4,31 @@
 
 Two irregularly sampled series are joined by the approach of the Stateful Stream Processor's
 LocalStreamBuffer written plainly in Python (computing our pairs, so the work is equal) and
-by `join_indices`, `join_tables` and `StreamingJoin`; "joins/s" counts output pairs per
-second, and the pair sets are checked to be identical first (`benchmarks/README.md`)."""
+by `join_indices`, `join_tables` and `StreamingJoin`, and the whole `sluice join` command
+on Parquet files beside `join_files` in-process; "joins/s" counts output pairs per second,
+and the pair sets are checked to be identical first (`benchmarks/README.md`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
-from pipeline.timejoin import StreamingJoin, join_indices, join_tables
+from pipeline.timejoin import StreamingJoin, join_files, join_indices, join_tables
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class BufferAndScanJoin:
@@ -129,6 +139,35 @@ def run_streaming(left, right, n, batch, max_gap):
     return rows, time.perf_counter() - start
 
 
+def command_env(pycache: Path) -> dict[str, str]:
+    """The environment of a `sluice join` process: this checkout's `pipeline`, and a bytecode
+    cache (in `pycache`), as an installed Sluice has, even where PYTHONDONTWRITEBYTECODE is set."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    path = [str(REPO), *filter(None, [env.get("PYTHONPATH")])]
+    return {**env, "PYTHONPATH": os.pathsep.join(path), "PYTHONPYCACHEPREFIX": str(pycache)}
+
+
+def run_command(folder: Path, max_gap: float | None) -> int:
+    """`sluice join left.parquet right.parquet -o out.parquet` as a new process; its pairs."""
+    argv = [sys.executable, "-m", "pipeline.cli", "join", "left.parquet", "right.parquet"]
+    argv += ["-o", "out.parquet"]
+    if max_gap is not None:
+        argv += ["--max-gap", repr(max_gap)]
+    done = subprocess.run(
+        argv, cwd=folder, env=command_env(folder / "pycache"), capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        msg = f"sluice join failed: {done.stderr.decode()[-2000:]}"
+        raise SystemExit(msg)
+    return int(json.loads(done.stdout)["pairs"])
+
+
+def run_files(folder: Path, max_gap: float | None) -> int:
+    """`join_files` in this process: the command's reading, join and writing, no start-up."""
+    out = folder / "in-process.parquet"
+    return join_files(folder / "left.parquet", folder / "right.parquet", out, max_gap=max_gap).pairs
+
+
 def median_of_3(run):
     """The last result and the median wall time of three runs (the baseline runs once: it
     takes long enough that first-run effects are noise for it, not for the fast contenders)."""
@@ -163,6 +202,14 @@ def main() -> None:
     stream_rows, stream_s = median_of_3(
         lambda: run_streaming(left, right, n, 10_000, args.max_gap)[0]
     )
+    with tempfile.TemporaryDirectory(dir=os.environ.get("SLUICE_BENCH_DIR")) as tmp:
+        folder = Path(tmp)
+        pq.write_table(left, folder / "left.parquet")
+        pq.write_table(right, folder / "right.parquet")
+        run_command(folder, args.max_gap)  # writes the bytecode cache, reads the files once
+        command_pairs, command_s = median_of_3(lambda: run_command(folder, args.max_gap))
+        files_pairs, files_s = median_of_3(lambda: run_files(folder, args.max_gap))
+        written = pq.read_metadata(folder / "out.parquet").num_rows
 
     ours = pair_keys(pairs.left, pairs.right, n)
     if not np.array_equal(ours, pair_keys(base_pairs[:, 0], base_pairs[:, 1], n)):
@@ -170,6 +217,9 @@ def main() -> None:
         raise SystemExit(msg)
     if not (result.pairs == stream_rows == len(ours)):
         msg = "join_tables / StreamingJoin row counts differ from join_indices"
+        raise SystemExit(msg)
+    if not (command_pairs == files_pairs == written == len(ours)):
+        msg = "sluice join / join_files pair counts differ from join_indices"
         raise SystemExit(msg)
 
     p = len(ours)
@@ -179,6 +229,8 @@ def main() -> None:
         ("sluice join_indices (vectorized)", core_s),
         ("sluice join_tables (+ output table)", table_s),
         ("sluice StreamingJoin (10k batches)", stream_s),
+        ("sluice join_files (Parquet in and out)", files_s),
+        ("sluice join (whole command, new process)", command_s),
     ]
     for name, secs in rows:
         ratio = base_s / secs

@@ -6,7 +6,10 @@ The join of the Stateful Stream Processor's LocalStreamBuffer
 pair is emitted once. `join_tables` joins two tables (files: `sluice join`), `StreamingJoin`
 takes them in batches and emits the same rows in the same order (`sluice run join`); the
 replay model `pipeline.models.join:join` runs it over a slice. What a pair is, ties, ends,
-row order and how it is computed: `TIMEJOIN.md`."""
+row order and how it is computed: `TIMEJOIN.md`.
+
+Columns cross between Arrow and numpy through their buffers (`_numbers`, `_indices`): Arrow's
+own conversions import pandas, which would be most of a `sluice join` process's time."""
 
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline import durable
 from pipeline.errors import SluiceError
@@ -207,12 +209,37 @@ def _times_of(table: pa.Table, time_column: str, name: str) -> np.ndarray:
     if column.null_count:
         reason = f"{column.null_count} record(s) have no {time_column!r}: fill or drop them first"
         raise JoinInputError(name, reason)
-    if pa.types.is_timestamp(column.type):
-        column = pc.cast(column, pa.int64())
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-        reason = f"column {time_column!r} is {column.type}, not a number of seconds"
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_timestamp(kind)):
+        reason = f"column {time_column!r} is {kind}, not a number of seconds"
         raise JoinInputError(name, reason)
-    return column.to_numpy()
+    return _numbers(column)
+
+
+def _numbers(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A column of numbers (a timestamp as its int64 count) without nulls, as numpy: the
+    chunks' data buffers, viewed in place when there is one chunk."""
+    kind = column.type
+    if pa.types.is_floating(kind):
+        dtype = np.dtype(f"f{kind.bit_width // 8}")
+    else:
+        signed = pa.types.is_timestamp(kind) or pa.types.is_signed_integer(kind)
+        dtype = np.dtype(f"{'i' if signed else 'u'}{kind.bit_width // 8}")
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype=dtype)[c.offset : c.offset + len(c)]
+        for c in chunks
+        if len(c)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+
+def _indices(rows: np.ndarray) -> pa.Array:
+    """Row numbers as an Arrow int64 array over the same memory."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
 
 
 def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
@@ -220,8 +247,8 @@ def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
 
 
 def _pair_table(left: pa.Table, right: pa.Table, li: np.ndarray, ri: np.ndarray) -> pa.Table:
-    lt = _prefixed(left.take(pa.array(li, pa.int64())), "left")
-    rt = _prefixed(right.take(pa.array(ri, pa.int64())), "right")
+    lt = _prefixed(left.take(_indices(li)), "left")
+    rt = _prefixed(right.take(_indices(ri)), "right")
     return pa.Table.from_arrays(lt.columns + rt.columns, names=lt.column_names + rt.column_names)
 
 
@@ -229,7 +256,7 @@ def _sorted_by_time(table: pa.Table, times: np.ndarray) -> tuple[pa.Table, np.nd
     if len(times) < 2 or (times[1:] >= times[:-1]).all():
         return table, times
     order = np.argsort(times, kind="stable")
-    return table.take(pa.array(order, pa.int64())), times[order]
+    return table.take(_indices(order)), times[order]
 
 
 def join_tables(
@@ -415,10 +442,13 @@ def _check_names(path: Path, names: list[str]) -> None:
 
 
 def _read_parquet(path: Path) -> pa.Table:
+    """The whole file (one footer read; `pq.read_table` would go through pyarrow.dataset,
+    which imports pandas)."""
     import pyarrow.parquet as pq
 
-    _check_names(path, pq.read_schema(path).names)
-    return pq.read_table(path)
+    with pq.ParquetFile(path) as parquet:
+        _check_names(path, parquet.schema_arrow.names)
+        return parquet.read()
 
 
 def _read_csv(path: Path) -> pa.Table:
@@ -449,6 +479,24 @@ def check_output(output: Path, inputs: Sequence[Path]) -> None:
             raise JoinOutputError(str(output), reason)
 
 
+def write_pairs(table: pa.Table, path: Path) -> None:
+    """The joined rows as Parquet (snappy), dictionary-encoding only text and binary columns:
+    sensor names repeat, while times and readings rarely do, and trying a dictionary on them
+    first costs about as much as writing them."""
+    import pyarrow.parquet as pq
+
+    texts = [
+        f.name
+        for f in table.schema
+        if pa.types.is_string(f.type)
+        or pa.types.is_large_string(f.type)
+        or pa.types.is_binary(f.type)
+        or pa.types.is_large_binary(f.type)
+        or pa.types.is_dictionary(f.type)
+    ]
+    pq.write_table(table, path, use_dictionary=texts or False)
+
+
 def join_files(
     left: Path,
     right: Path,
@@ -462,14 +510,12 @@ def join_files(
     Delivery: exactly-once for the output file: a crash leaves either no file or the whole
     one, and re-running replaces it with identical rows.
     """
-    import pyarrow.parquet as pq
-
     check_max_gap(max_gap)
     check_output(output, (left, right))
     result = join_tables(read_series(left), read_series(right), time_column, max_gap)
     try:
         with durable.atomic_path(output) as staging:
-            pq.write_table(result.table, staging)
+            write_pairs(result.table, staging)
     except OSError as exc:
         reason = f"it cannot be written ({exc.strerror or exc})"
         raise JoinOutputError(str(output), reason) from None

@@ -185,13 +185,13 @@ class BatchProgress:
 def _start(
     args: argparse.Namespace, job: Callable[..., JobSummary], spec: Any, run: RunOptions
 ) -> JobSummary:
-    """Run `job` over `spec` in this process's Spark session, showing its progress (starting
-    Spark, where it reads from, each batch) on standard error."""
+    """Run `job` over `spec` in this process's Spark session, showing its progress (where it
+    reads from, starting Spark, each batch) on standard error. The session starts only if the
+    job needs it: a caught-up `--available-now` run does not."""
     progress = Progress.of(args, data_on_stdout=job is console)
     with progress.task(args.job) as task:
-        spark = _session(task)
         task.stage(f"reading {reading(args)}")
-        return job(spark, spec, run, report=BatchProgress(task))
+        return job(lambda: _session(task), spec, run, report=BatchProgress(task))
 
 
 def reading(args: argparse.Namespace) -> str:

@@ -7,7 +7,8 @@
                  ledger.sqlite  the sink's batch ledger (`pipeline/spark/ledger.py`)
 
 A run on a checkpoint in use (`CheckpointInUse`) or of another job (`CheckpointMismatch`) is
-refused. Progress is read without the lock, so a sensor can follow a running service.
+refused. Progress is read without the lock, so a sensor can follow a running service; whether
+anything is in doubt (`settled_position`) is read by the run holding it, before Spark starts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import fcntl
 import json
 import os
 import re
+import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -223,6 +225,12 @@ def committed_progress(root: Path) -> CheckpointProgress | None:
 def batch_end_cut(root: Path, batch_id: int) -> StreamCut:
     """The end cut of `batch_id`: the last line of `spark/offsets/<batch>`, the `sluice`
     source's offset JSON `{"cut": "v1~…"}` (Spark's offset log, format `v1`)."""
+    return batch_end_cuts(root, batch_id)[-1]
+
+
+def batch_end_cuts(root: Path, batch_id: int) -> tuple[StreamCut, ...]:
+    """The end cut of every source of `batch_id`, in the offset log's order: after the
+    version and the batch's metadata, one line per source (the streaming join has two)."""
     path = root / "spark" / "offsets" / str(batch_id)
     try:
         lines = path.read_text().strip().splitlines()
@@ -231,12 +239,63 @@ def batch_end_cut(root: Path, batch_id: int) -> StreamCut:
     if len(lines) < 3 or lines[0] != OFFSET_LOG_VERSION:
         raise UnreadableCheckpoint(root, f"{path} is not a {OFFSET_LOG_VERSION} offset log")
     try:
-        offset = json.loads(lines[-1])
-        return StreamCut.parse(offset["cut"])
+        return tuple(StreamCut.parse(json.loads(line)["cut"]) for line in lines[2:])
     except (ValueError, KeyError, TypeError) as exc:
         raise UnreadableCheckpoint(
             root, f"{path}: no stream cut in its source offset ({exc})"
         ) from None
+
+
+class InDoubt(CheckpointError):
+    """A checkpoint whose last batch may not be finished: only Spark can settle it."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        msg = f"checkpoint {path}: {reason}"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class SettledPosition:
+    """A checkpoint with nothing in doubt: its last batch and the end cut of each source."""
+
+    batch_id: int
+    end_cuts: tuple[StreamCut, ...]
+
+
+def settled_position(root: Path) -> SettledPosition:
+    """Where the checkpoint at `root` stands when every batch it planned is finished, else
+    `InDoubt` with the reason. Read it holding the checkpoint (nothing moves meanwhile).
+
+    Finished means: Spark committed the last batch it planned (`spark/commits/N` beside the
+    highest `spark/offsets/N`: a planned batch without its commit is re-run by Spark on the
+    next start), and the sink's ledger, if any, holds no batch after N and none that is not
+    done (an intent is a publish that may be half done; only the sink's commit finishes it).
+    Spark re-runs nothing for a settled checkpoint: from here it only plans new batches."""
+    planned = _batch_ids(root / "spark" / "offsets")
+    committed = _batch_ids(root / "spark" / "commits")
+    if not planned or not committed:
+        raise InDoubt(root, "no batch committed yet")
+    last = committed[-1]
+    if planned[-1] != last:
+        reason = f"Spark planned up to batch {planned[-1]} and committed up to batch {last}"
+        raise InDoubt(root, reason)
+    if unfinished := _unfinished(root, last):
+        batch_id, state = unfinished[0]
+        reason = f"the ledger holds batch {batch_id} as {state}; Spark committed up to {last}"
+        raise InDoubt(root, reason)
+    return SettledPosition(last, batch_end_cuts(root, last))
+
+
+def _unfinished(root: Path, last: int) -> list[tuple[int, str]]:
+    path = root / "ledger.sqlite"
+    if not path.exists():
+        return []  # a foreachBatch job: its state is saved before Spark commits the batch
+    try:
+        with BatchLedger(path) as ledger:
+            return list(ledger.unfinished(after=last))
+    except sqlite3.Error as exc:
+        raise UnreadableCheckpoint(root, f"{path}: {exc}") from None
 
 
 def ledger_totals(root: Path, after: int, upto: int) -> BatchTotals:

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter
 
+    from pipeline.jobs.runner import SessionFactory
+
 DEFAULT_FORMATS = ("parquet", "csv")
 MAX_ROWS_PER_FILE = 1_000_000
 EXPORT_RECORD_VERSION = 1
@@ -138,7 +140,7 @@ def registered_exports(home: Path | None = None) -> list[ExportRecord]:
 
 
 def export(
-    spark: SparkSession,
+    spark: SparkSession | SessionFactory,
     spec: ExportSpec,
     run: RunOptions,
     report: Callable[[BatchReport], None] = lambda _: None,

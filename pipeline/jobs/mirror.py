@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter
 
+    from pipeline.jobs.runner import SessionFactory
     from pipeline.spark.options import CommitMode
 
 
@@ -64,7 +65,7 @@ def ensure_target(spec: MirrorSpec) -> None:
 
 
 def mirror(
-    spark: SparkSession,
+    spark: SparkSession | SessionFactory,
     spec: MirrorSpec,
     run: RunOptions,
     report: Callable[[BatchReport], None] = lambda _: None,

@@ -4,30 +4,40 @@ Every streaming job runs through `run_query` on its checkpoint: until caught up
 (`--available-now`) or continuously, from `--from` on its first start and from the
 checkpoint after, with one `BatchReport` per batch. A `foreachBatch` job keeps its state
 between batches with `BatchStates`. A job's spec gives its own command line through
-`sluice_run` and `RunOptions.flags()`. The shape of a job: `DESIGN.md`."""
+`sluice_run` and `RunOptions.flags()`. A run until caught up that finds nothing to do
+(`caught_up`: the checkpoint settled at every source's tail) returns before Spark starts, so a
+job takes a session or a function that makes one. The shape of a job: `DESIGN.md`."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pipeline import durable
 from pipeline.errors import SluiceError
+from pipeline.jobs.checkpoint import SettledPosition, settled_position
 from pipeline.spark.ledger import BatchLedger
 from pipeline.spark.session import default_parallelism
-from pipeline.streams import StreamCut
+from pipeline.streams import StreamCut, open_store, parse_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
     from pipeline.jobs.checkpoint import Checkpoint
+
+    #: Makes (or returns) the process's session when a run needs Spark: a job takes one
+    #: instead of a session so that a run with nothing to do starts no JVM.
+    SessionFactory = Callable[[], SparkSession]
+
+log = logging.getLogger(__name__)
 
 Mode = Literal["available-now", "continuous"]
 
@@ -201,7 +211,7 @@ class BatchStates(Generic[S]):
 
 
 def run_query(
-    spark: SparkSession,
+    spark: SparkSession | SessionFactory,
     checkpoint: Checkpoint,
     *sources: JobSource,
     run: RunOptions,
@@ -210,7 +220,15 @@ def run_query(
 ) -> tuple[BatchReport, ...]:
     """What every streaming job does on its acquired checkpoint: start at `--from` (first
     run) or where it stopped, read `sources` (one, or several unioned: the streaming join),
-    write through `sink`, report each batch."""
+    write through `sink`, report each batch. A run until caught up that is caught up already
+    (`caught_up`) runs no batch and never calls a session factory: Spark would plan nothing."""
+    position = caught_up(checkpoint, sources, run)
+    if position is not None:
+        ends = ", ".join(cut.text for cut in position.end_cuts)
+        log.info("%s: nothing new since %s: Spark not started", checkpoint.identity.job, ends)
+        return ()
+    if callable(spark):
+        spark = spark()
     frames = [
         source_frame(
             spark, s.store, s.stream, resolve_start(checkpoint, run, s, len(sources)), s.emit
@@ -230,6 +248,36 @@ def run_query(
         checkpoint.ledger_path,  # a sink without a ledger leaves none: counts come from Spark
         first_start=checkpoint.start_cut,
     )
+
+
+def caught_up(
+    checkpoint: Checkpoint, sources: Sequence[JobSource], run: RunOptions
+) -> SettledPosition | None:
+    """The checkpoint's position when a run until caught up (`available-now`) has nothing to
+    do: nothing in doubt (`settled_position`) and every source's tail where the last batch
+    ended. Spark's own restart would then plan no batch (the `sluice` source's latest offset
+    is the tail: `pipeline/spark/reading.py`), so none is the same outcome without a JVM.
+
+    None means Spark must run: a continuous run, a new checkpoint, a batch to finish (Spark
+    re-runs it), new events, a segment added by a scale, or anything unreadable (Spark says
+    what is wrong). Read holding the checkpoint; the tails are read after it, so events
+    appended meanwhile wait for the next run, as they would had they come after Spark's."""
+    if run.mode != "available-now" or checkpoint.is_new:
+        return None
+    try:
+        position = settled_position(checkpoint.root)
+        ends = {cut.stream: cut for cut in position.end_cuts}
+        wanted = {"/".join(parse_stream(s.stream)): s.store for s in sources}
+        if len(ends) != len(position.end_cuts) or ends.keys() != wanted.keys():
+            return None
+        for stream, store in wanted.items():
+            with open_store(store) as opened:
+                if opened.tail(stream) != ends[stream]:
+                    return None
+    except (SluiceError, OSError) as exc:  # InDoubt, unreadable, a stream gone: Spark says
+        log.info("%s: Spark runs: %s", checkpoint.identity.job, exc)
+        return None
+    return position
 
 
 def source_frame(
@@ -261,8 +309,6 @@ def resolve_start(
         return run
     start = run.starting
     if start.lower() in ("head", "tail", "latest"):
-        from pipeline.streams import open_store
-
         with open_store(source.store) as opened:
             head = start.lower() == "head"
             cut = opened.head(source.stream) if head else opened.tail(source.stream)

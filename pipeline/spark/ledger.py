@@ -126,6 +126,15 @@ class BatchLedger:
         ).fetchall()
         return [_record(r) for r in rows]
 
+    def unfinished(self, after: int) -> list[tuple[int, BatchState]]:
+        """(batch id, state) of every batch not done, or recorded with an id above `after`."""
+        rows = self.db.execute(
+            "SELECT batch_id, state FROM batches WHERE state != 'done' OR batch_id > ?"
+            " ORDER BY batch_id",
+            (after,),
+        ).fetchall()
+        return [(int(batch_id), state) for batch_id, state in rows]
+
 
 def _record(row: tuple) -> BatchRecord:
     batch_id, state, plan, stats, recorded_ns, done_ns = row

@@ -1,5 +1,7 @@
 """The mirror and exports as Dagster assets: catch-up runs with cut ranges, counts, lag,
-schema and paths as metadata; a run that finds the continuous service running skips."""
+schema and paths as metadata; a run that finds the continuous service running skips; a run
+that finds nothing new observes so without starting Spark, and the next new events are
+materialized once."""
 
 from __future__ import annotations
 
@@ -116,6 +118,7 @@ def test_a_run_that_finds_nothing_new_observes_instead_of_materializing(settings
     end_cut = materialized(first)["network/cloud_mirror"]["end_cut"]
     assert mirror["skipped"] == f"no new events since {end_cut}"
     assert (mirror["end_cut"], mirror["lag_bytes"]) == (end_cut, 0)
+    assert mirror["spark_started"] is False  # decided from the checkpoint and the store
     assert instance.get_latest_materialization_event(parquet).run_id == first.run_id
     assert {e.step_key for e in again.all_events if e.event_type_value == "STEP_SKIPPED"} == {
         "export_network",
@@ -132,3 +135,10 @@ def test_a_run_that_finds_nothing_new_observes_instead_of_materializing(settings
         assert passed.status.value == "SUCCEEDED"
         target = passed.event.dagster_event.event_specific_data.target_materialization_data
         assert target.run_id == first.run_id
+
+    # The events after an idle run are materialized, once.
+    write_events(net.store_uri, net.stream, samples(2, first_event=3))
+    later = materialized(job.execute_in_process(instance=instance))
+    assert later["network/cloud_mirror"]["start_cut"] == end_cut
+    assert later["network/cloud_mirror"]["events"] == 2
+    assert later["network/parquet_export"]["dagster/row_count"] == 50

@@ -7,7 +7,8 @@ with no Sluice import. `refresh` (run by `sluice analytics refresh` and the Dags
 asset, never by a query) snapshots the slices and the replay lineage to Parquet and
 (re)creates the views: one per export and per export kind, `samples`, `rates`, `quarantine`,
 `slices`, `slice_rows`, `lineage`, `replays` and `sources`, each with a `time TIMESTAMPTZ`
-column and a comment on the view and every column. Paths under the Sluice home go through
+column and a comment on the view and every column. `rates` scans the rates table the refresh
+brings up to date first (`rates_table.py`). Paths under the Sluice home go through
 the `sluice_path()` macro, so a copy of the home opens with one setting. Each view:
 `DESIGN.md`, "Views"."""
 

@@ -295,10 +295,13 @@ class RatesTable:
         relation = f"(SELECT NULL::VARCHAR AS export, NULL::VARCHAR AS stream, * FROM ({rows}))"
         rates = _rates_file(self.directory, number)
         self.directory.mkdir(parents=True, exist_ok=True)
+        # the row order of a generation means nothing (the view has none): let DuckDB write
+        # in parallel; zstd halves the table's size for the same scan speed
+        self.con.execute("SET preserve_insertion_order = false")
         with durable.atomic_path(rates) as staging:
             self.con.execute(
                 f"COPY ({rates_sql(relation, only='NOT carried')}) TO {_sql_str(staging)} "
-                "(FORMAT parquet)"
+                "(FORMAT parquet, COMPRESSION zstd)"
             )
         carry = _carry_file(self.directory, number)
         sample = ", ".join(f"{c!r}: {c}" for c in ("time", *NIC_COLUMNS))

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"
 #: Bumped when what a generation file holds changes: every table is then recomputed.
 FORMAT_VERSION = 1
+#: A last generation of fewer rows is computed again with the next new files (about a second
+#: of work), so that frequent refreshes do not leave a file per refresh for the view to open.
+MERGE_BELOW = 1_000_000
 _NUMBER = re.compile(r"g(\d{8})\.")
 
 
@@ -121,6 +124,12 @@ def _read_manifest(directory: Path, definition: str) -> tuple[Manifest | None, s
     return manifest, None
 
 
+def _pending(kept: list[Generation], found: dict[str, Path]) -> list[Path]:
+    """The export files no kept generation was computed from."""
+    held = {s["path"] for g in kept for s in g["sources"]}
+    return [path for name, path in found.items() if name not in held]
+
+
 def _intact(directory: Path, generation: Generation) -> bool:
     """The generation's files are there, of the recorded size, and the rates file's Parquet
     footer holds the recorded number of rows."""
@@ -160,10 +169,14 @@ class RatesTable:
         parquet_root: Path,
         time: str,
         stored_root: str,
+        *,
+        merge_below: int | None = None,
     ) -> None:
         """`time`: the export view's `time` expression; `stored_root`: the Parquet root as the
-        views name it (relative to the home, so that a copy of the home keeps its table)."""
+        views name it (relative to the home, so that a copy of the home keeps its table);
+        `merge_below`: a last generation of fewer rows is computed again with new files."""
         self.con, self.directory, self.root, self.time = con, directory, parquet_root, time
+        self.merge_below = MERGE_BELOW if merge_below is None else merge_below
         # the export's root is part of the definition: another export of this name starts over
         self.definition = f"rates-{FORMAT_VERSION}|{stored_root}|{time}"
 
@@ -174,45 +187,21 @@ class RatesTable:
         them once the views that read them are replaced (`sweep`)."""
         manifest, why = _read_manifest(self.directory, self.definition)
         generations = list(manifest["generations"]) if manifest is not None else []
-        first = max(manifest["next"] if manifest is not None else 0, self._unused_number())
         found = {p.relative_to(self.root).as_posix(): p for p in sorted(self.root.glob(PARTITIONS))}
-        plan = _Plan(len(generations))
-        if why is not None and self.directory.exists():
-            plan.reason = why
-        self._check_generations(generations, found, plan)
-        held = {s["path"] for g in generations[: plan.keep] for s in g["sources"]}
-        pending = [path for name, path in found.items() if name not in held]
-        if pending:
-            self._check_late(generations[: plan.keep], pending, plan)
+        plan = self._plan(generations, found, why if self.directory.exists() else None)
         kept = generations[: plan.keep]
-        held = {s["path"] for g in kept for s in g["sources"]}
-        pending = [path for name, path in found.items() if name not in held]
+        pending = _pending(kept, found)
         computed = 0
-        if pending:
-            previous = kept[-1]["number"] if kept else None
-            generation = self._compute(first, previous, pending)
-            computed = generation["rows"]
-            kept.append(generation)
-            first += 1
         if pending or plan.keep < len(generations) or manifest is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            written: Manifest = {
-                "version": 1,
-                "definition": self.definition,
-                "next": first,
-                "generations": kept,
-            }
-            durable.write_json(self.directory / MANIFEST, written)
+            number = max(manifest["next"] if manifest is not None else 0, self._unused_number())
+            if pending:
+                previous = kept[-1]["number"] if kept else None
+                kept.append(self._compute(number, previous, pending))
+                computed, number = kept[-1]["rows"], number + 1
+            self._write_manifest(number, kept)
         if log is not None and plan.reason is not None:
             log(f"recomputed from generation {plan.keep}: {plan.reason}")
         files = [_rates_file(self.directory, g["number"]) for g in kept]
-        carries = [_carry_file(self.directory, g["number"]) for g in kept]
-        keep = {*files, *carries, self.directory / MANIFEST}
-        obsolete = (
-            [p for p in self.directory.iterdir() if p not in keep and not p.name.startswith(".")]
-            if self.directory.exists()
-            else []
-        )
         return RatesUpdate(
             self.directory,
             files,
@@ -220,8 +209,44 @@ class RatesTable:
             computed,
             plan.keep if plan.reason is not None else None,
             plan.reason,
-            obsolete,
+            self._obsolete(kept),
         )
+
+    def _plan(
+        self, generations: list[Generation], found: dict[str, Path], why: str | None
+    ) -> _Plan:
+        """Which generations stay: up to the first damaged one, or one whose export files
+        changed, or one late data reaches back to; a small last one is merged with new files."""
+        plan = _Plan(len(generations), why)
+        self._check_generations(generations, found, plan)
+        pending = _pending(generations[: plan.keep], found)
+        if pending and plan.keep == len(generations) and plan.keep:
+            if generations[-1]["rows"] < self.merge_below:
+                plan.keep -= 1  # computed again with the new files: generations stay few
+        if pending:
+            self._check_late(generations[: plan.keep], pending, plan)
+        return plan
+
+    def _write_manifest(self, number: int, kept: list[Generation]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        written: Manifest = {
+            "version": 1,
+            "definition": self.definition,
+            "next": number,
+            "generations": kept,
+        }
+        durable.write_json(self.directory / MANIFEST, written)
+
+    def _obsolete(self, kept: list[Generation]) -> list[Path]:
+        """Every file of the directory the manifest does not name (a crashed write's staging
+        file too: the refresh holds the database, so no other one is writing here)."""
+        if not self.directory.exists():
+            return []
+        keep = {self.directory / MANIFEST}
+        for generation in kept:
+            number = generation["number"]
+            keep |= {_rates_file(self.directory, number), _carry_file(self.directory, number)}
+        return [p for p in self.directory.iterdir() if p not in keep]
 
     def _unused_number(self) -> int:
         """A generation number no file in the directory has (a lost manifest's files stay
@@ -260,7 +285,7 @@ class RatesTable:
             f"""
             WITH new AS (
                 SELECT RemoteAddr, Interface, min(({key})) AS first
-                FROM read_parquet({_listed(pending)}, union_by_name = true) GROUP BY ALL
+                FROM ({self._rows(pending)}) GROUP BY ALL
             ), carried AS (
                 SELECT RemoteAddr, Interface, ({key}) AS last, filename
                 FROM read_parquet({_listed(carries)}, filename = true)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.analytics import rates_table
 from pipeline.analytics.catalog import refresh
 from pipeline.analytics.rates import rates_sql
 from pipeline.analytics.sandbox import query
@@ -84,6 +85,13 @@ class Exporter:
                 written.append(path)
         self.batch += 1
         return written
+
+
+@pytest.fixture(autouse=True)
+def _a_generation_per_refresh(monkeypatch):
+    """These tables are tiny: keep every refresh's generation (none is merged), so that what
+    each refresh computed can be seen; `test_small_generations_are_merged` sets it back."""
+    monkeypatch.setattr(rates_table, "MERGE_BELOW", 0)
 
 
 @pytest.fixture
@@ -273,3 +281,22 @@ def test_reading_never_writes_the_table_and_stale_tables_go(paths, exporter, tmp
     refresh(paths, [])  # the export is no longer known: its table goes with its views
     assert not table_dir(paths).exists()
     assert query(paths, "SELECT count(*) FROM rates")[1] == [(0,)]
+
+
+def test_small_generations_are_merged_with_the_next_new_files(paths, exporter, monkeypatch):
+    batch = 4 * len(NICS) * SAMPLES
+    monkeypatch.setattr(rates_table, "MERGE_BELOW", 2 * batch + 1)
+    exporter.write_batch()
+    refreshed(paths, exporter)
+    exporter.write_batch()
+    assert refreshed(paths, exporter) == [
+        f"network: {2 * batch:,} samples in 1 generation(s), {2 * batch:,} computed now"
+    ]
+    exporter.write_batch()  # the last generation holds 2 batches, under the limit: merged
+    assert refreshed(paths, exporter)[0].endswith(f"1 generation(s), {3 * batch:,} computed now")
+    exporter.write_batch()  # now 3 batches: kept, the new one is a generation of its own
+    assert refreshed(paths, exporter) == [
+        f"network: {4 * batch:,} samples in 2 generation(s), {batch:,} computed now"
+    ]
+    assert_as_defined(paths, 4 * batch)
+    assert len(list(table_dir(paths).iterdir())) == 2 * 2 + 1  # old generations swept

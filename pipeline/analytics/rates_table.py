@@ -16,6 +16,7 @@ generation that it touches, never trusted. The details: `DESIGN.md`, "The rates 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -122,6 +123,12 @@ def _read_manifest(directory: Path, definition: str) -> tuple[Manifest | None, s
     if stored != definition:
         return None, "the export's definition changed"
     return manifest, None
+
+
+def _memory_limit_mb() -> int:
+    """A quarter of the machine's memory (DuckDB's own default is 80%)."""
+    pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    return max(256, pages * size // 4 // 2**20)
 
 
 def _pending(kept: list[Generation], found: dict[str, Path]) -> list[Path]:
@@ -323,6 +330,9 @@ class RatesTable:
         # the row order of a generation means nothing (the view has none): let DuckDB write
         # in parallel; zstd halves the table's size for the same scan speed
         self.con.execute("SET preserve_insertion_order = false")
+        # a first build sorts every sample: spill beyond a share of the memory, beside the
+        # database (`<database>.tmp`), rather than starve the exports and Spark beside it
+        self.con.execute(f"SET memory_limit = '{_memory_limit_mb()}MB'")
         with durable.atomic_path(rates) as staging:
             self.con.execute(
                 f"COPY ({rates_sql(relation, only='NOT carried')}) TO {_sql_str(staging)} "

@@ -205,11 +205,18 @@ def rates_view(paths) -> tuple[int, dict]:
 
 def window_rates(paths) -> tuple[int, dict]:
     """The same query over the window-function definition (what the view computed per query
-    before the rates table)."""
-    from pipeline.analytics.rates import rates_sql
-    from pipeline.analytics.sandbox import query
+    before the rates table), with the refresh's memory cap: at 100M samples DuckDB's default
+    (80% of the memory) gets it killed on a machine shared with other work."""
+    import duckdb
 
-    _, rows = query(paths, RATES_QUERY.format(rates=f"({rates_sql('network_samples')})"))
+    from pipeline.analytics.rates import rates_sql
+    from pipeline.analytics.rates_table import memory_limit_mb
+
+    with duckdb.connect(str(paths.database), read_only=True) as con:
+        con.execute(f"SET VARIABLE sluice_home = '{paths.home}'")
+        con.execute(f"SET memory_limit = '{memory_limit_mb()}MB'")
+        sql = RATES_QUERY.format(rates=f"({rates_sql('network_samples')})")
+        rows = con.execute(sql).fetchall()
     return sum(r[3] for r in rows), {r[0]: (r[1], r[2]) for r in rows}
 
 

@@ -125,7 +125,7 @@ def _read_manifest(directory: Path, definition: str) -> tuple[Manifest | None, s
     return manifest, None
 
 
-def _memory_limit_mb() -> int:
+def memory_limit_mb() -> int:
     """A quarter of the machine's memory (DuckDB's own default is 80%)."""
     pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
     return max(256, pages * size // 4 // 2**20)
@@ -332,7 +332,7 @@ class RatesTable:
         self.con.execute("SET preserve_insertion_order = false")
         # a first build sorts every sample: spill beyond a share of the memory, beside the
         # database (`<database>.tmp`), rather than starve the exports and Spark beside it
-        self.con.execute(f"SET memory_limit = '{_memory_limit_mb()}MB'")
+        self.con.execute(f"SET memory_limit = '{memory_limit_mb()}MB'")
         with durable.atomic_path(rates) as staging:
             self.con.execute(
                 f"COPY ({rates_sql(relation, only='NOT carried')}) TO {_sql_str(staging)} "

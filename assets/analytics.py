@@ -65,7 +65,7 @@ def analytics_asset(
         paths = analytics.paths
         slices = snapshot_slices(paths, collect_slices(settings))
         sources = discover_exports(settings)
-        views = refresh(paths, sources)
+        views = refresh(paths, sources, lambda line: context.log.info(f"rates: {line}"))
         metadata: dict[str, Any] = {
             "database": dg.MetadataValue.path(str(paths.database)),
             "views": dg.MetadataValue.text(", ".join(views)),

@@ -7,14 +7,15 @@ with no Sluice import. `refresh` (run by `sluice analytics refresh` and the Dags
 asset, never by a query) snapshots the slices and the replay lineage to Parquet and
 (re)creates the views: one per export and per export kind, `samples`, `rates`, `quarantine`,
 `slices`, `slice_rows`, `lineage`, `replays` and `sources`, each with a `time TIMESTAMPTZ`
-column and a comment on the view and every column. Paths under the Sluice home go through
+column and a comment on the view and every column. `rates` scans the rates table the refresh
+brings up to date first (`rates_table.py`). Paths under the Sluice home go through
 the `sluice_path()` macro, so a copy of the home opens with one setting. Each view:
 `DESIGN.md`, "Views"."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ import duckdb
 
 from pipeline.analytics import comments
 from pipeline.analytics.rates import NIC_COLUMNS, rates_sql
+from pipeline.analytics.rates_table import RatesTable, RatesUpdate, stale_tables, sweep
 from pipeline.analytics.snapshots import snapshot_lineage, snapshot_slices
 from pipeline.analytics.sources import (
     CATALOG_VERSION,
@@ -84,6 +86,9 @@ class _Builder:
     con: duckdb.DuckDBPyConnection
     views: dict[str, _View] = field(default_factory=dict)
     sources: list[_Source] = field(default_factory=list)
+    #: the rates table of each NIC export with files: (export, its table after this refresh)
+    rates: list[tuple[ExportSource, RatesUpdate]] = field(default_factory=list)
+    log: Callable[[str], None] | None = None
 
     def path(self, stored: str) -> str:
         return f"sluice_path({sql_str(stored)})"
@@ -161,7 +166,25 @@ def _add_export(b: _Builder, source: ExportSource) -> tuple[str, str | None]:
     description = comments.export_view(source.name, source.stream, stored)
     b.add(source.view, f"{sql} FROM {reading}", description, docs)
     _add_quarantine(b, source)
+    if files and kind is not None and _kind_view(kind) == NIC_KIND:
+        _update_rates(b, source, _time_expr(plan, columns))
     return source.view, kind
+
+
+def _update_rates(b: _Builder, source: ExportSource, time: str) -> None:
+    """Bring the export's rates table up to date (`rates_table.py`)."""
+    directory = b.paths.rates_dir / source.view
+    stored = b.paths.stored(source.parquet_root)
+    table = RatesTable(b.con, directory, source.parquet_root, time, stored)
+
+    def log(line: str) -> None:
+        if b.log is not None:
+            b.log(f"{source.name}: {line}")
+
+    update = table.update(log)
+    b.rates.append((source, update))
+    b.sources.append(_Source("rates", source.name, b.paths.stored(directory), len(update.files)))
+    log(update.describe())
 
 
 def _add_quarantine(b: _Builder, source: ExportSource) -> None:
@@ -217,12 +240,22 @@ def _add_samples(b: _Builder, exports: dict[str, str | None]) -> None:
 
 
 def _add_rates(b: _Builder) -> None:
-    if NIC_KIND in b.views:
-        relation = ident(NIC_KIND)
+    """`rates` scans the rates tables (each export's name and stream put in at the scan, so
+    a renamed export keeps its table); with none, the definition over nothing gives the
+    columns and their types."""
+    parts = []
+    for source, update in b.rates:
+        files = "[" + ", ".join(b.path(b.paths.stored(f)) for f in update.files) + "]"
+        name, stream = sql_str(source.name), sql_str(source.stream or "")
+        parts.append(
+            f"SELECT * REPLACE ({name} AS export, {stream} AS stream) FROM read_parquet({files})"
+        )
+    if parts:
+        sql = " UNION ALL ".join(parts)
     else:
         typed = {"export": "VARCHAR", "stream": "VARCHAR", "time": "TIMESTAMPTZ", **NIC_COLUMNS}
-        relation = f"({_empty(typed)})"
-    b.add("rates", rates_sql(relation), comments.VIEWS["rates"], comments.RATES)
+        sql = rates_sql(f"({_empty(typed)})")
+    b.add("rates", sql, comments.VIEWS["rates"], comments.RATES)
 
 
 def _add_quarantine_union(b: _Builder, sources: list[ExportSource]) -> None:
@@ -355,12 +388,18 @@ def _build(b: _Builder, exports: list[ExportSource], lineage: list[dict]) -> Non
     _add_sources(b, datetime.now(tz=UTC))
 
 
-def refresh(paths: AnalyticsPaths, exports: list[ExportSource]) -> list[str]:
-    """Snapshot the lineage (and, if there is none yet, an empty slices snapshot), then
-    (re)create every view, and drop views of exports no longer known; return the view names.
+def refresh(
+    paths: AnalyticsPaths,
+    exports: list[ExportSource],
+    log: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Snapshot the lineage (and, if there is none yet, an empty slices snapshot), bring the
+    rates table of every NIC export up to date, then (re)create every view, and drop views of
+    exports no longer known; return the view names. `log` gets a line per rates table.
 
     The views are first made as temporary views, which checks every one of them; the file's
-    views are then replaced in one transaction, so a failed refresh leaves them as they were."""
+    views are then replaced in one transaction, so a failed refresh leaves them as they were
+    (rates files they read are removed only after that transaction)."""
     if not paths.slices_snapshot.exists():
         snapshot_slices(paths, [])
     lineage = snapshot_lineage(paths)
@@ -368,9 +407,12 @@ def refresh(paths: AnalyticsPaths, exports: list[ExportSource]) -> list[str]:
     try:
         con.execute(f"SET VARIABLE sluice_home = {sql_str(paths.home.absolute())}")
         con.execute(_path_macro(paths.home).replace("MACRO", "TEMP MACRO", 1))
-        builder = _Builder(paths, con)
+        builder = _Builder(paths, con, log=log)
         _build(builder, exports, lineage)
         _commit(con, paths, builder.views)
+        tables = {update.directory for _, update in builder.rates}
+        sweep([p for _, update in builder.rates for p in update.obsolete])
+        sweep(stale_tables(paths.rates_dir, tables))
         return list(builder.views)
     except duckdb.Error as exc:
         msg = f"cannot build the views of {paths.database}"

@@ -109,7 +109,7 @@ REPLAYS = {
     "time": f"the model's own `time` column (or `second`, in older results), {TIME}",
 }
 SOURCES = {
-    "kind": "what the views read there: export, quarantine, snapshot or replays",
+    "kind": "what the views read there: export, quarantine, snapshot, rates or replays",
     "name": "the export, or the snapshot, it belongs to",
     "directory": "the directory, relative to the Sluice home (variable sluice_home) unless "
     "absolute",
@@ -123,7 +123,8 @@ VIEWS = {
     "which export, its stream position and its time. The values are in the export's own view "
     "(or its kind's); join on (export, _segment, _offset, _sample).",
     "rates": "Per-sample rx/tx Mbit/s of every NIC export, since the previous sample of the "
-    "same NIC (the Pravega Sensor Collector's NIC walkthrough columns).",
+    "same NIC (the Pravega Sensor Collector's NIC walkthrough columns); computed by the last "
+    "refresh, once per exported file.",
     "quarantine": "Events the exports refused, with the reason and the raw payload.",
     "slices": "Every recorded slice (a pair of stream cuts), a snapshot taken by the last "
     "refresh from the slices streams of the stores in sluice.toml.",

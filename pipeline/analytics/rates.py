@@ -3,9 +3,10 @@ previous sample of the same NIC (the columns the Pravega Sensor Collector's NIC 
 adds in a spreadsheet).
 
 Window functions over each export's `RemoteAddr` + `Interface`, ordered by sample time then
-stream position. A first sample or a zero interval gives NULL rates; a counter that goes backwards
-(a reboot, a wrap) gives a NULL rate and `counter_reset`, never a huge negative one
-(`DESIGN.md`, "Per-sample network rates")."""
+stream position: the definition. A first sample or a zero interval gives NULL rates; a counter
+that goes backwards (a reboot, a wrap) gives a NULL rate and `counter_reset`, never a huge
+negative one (`DESIGN.md`, "Per-sample network rates"). A refresh computes them once per new
+export file into the rates table (`rates_table.py`), which the `rates` view scans."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ NIC_COLUMNS = {
     "_sample": "BIGINT",
 }
 
-_WINDOW = (
-    "PARTITION BY export, RemoteAddr, Interface ORDER BY TimestampNanos, _segment, _offset, _sample"
-)
+#: The order of one NIC's samples: sample time, then stream position.
+KEY = ("TimestampNanos", "_segment", "_offset", "_sample")
+_WINDOW = f"PARTITION BY export, RemoteAddr, Interface ORDER BY {', '.join(KEY)}"
 
 
 def _rate(counter: str) -> str:
@@ -31,9 +32,12 @@ def _rate(counter: str) -> str:
     return f"CASE WHEN {delta} < 0 THEN NULL ELSE {delta} * 8 / 1e6 / {seconds} END"
 
 
-def rates_sql(relation: str) -> str:
+def rates_sql(relation: str, only: str | None = None) -> str:
     """SELECT computing the rates over `relation` (a table, view or parenthesized query with
-    the NIC columns, `export`, `stream` and `time`)."""
+    the NIC columns, `export`, `stream` and `time`); `only`, a condition on the relation's
+    columns, keeps those rows after the rates are computed (the rates table's carried
+    samples are previous samples, not rows)."""
+    qualify = f"QUALIFY {only}" if only else ""
     return f"""
         SELECT export, stream, time, RemoteAddr, Interface, TimestampNanos,
                RxBytes, TxBytes,
@@ -45,4 +49,5 @@ def rates_sql(relation: str) -> str:
                _segment, _offset, _sample
         FROM {relation}
         WINDOW w AS ({_WINDOW})
+        {qualify}
     """

@@ -71,6 +71,11 @@ class AnalyticsPaths:
         return self.snapshots / "lineage.parquet"
 
     @property
+    def rates_dir(self) -> Path:
+        """The rates tables `refresh` maintains, one directory per NIC export."""
+        return self.snapshots / "rates"
+
+    @property
     def lineage_dir(self) -> Path:
         return self.home / "lineage"
 

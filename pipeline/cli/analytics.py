@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "refresh",
         help="rebuild the views; print the database, where each export was looked for, the views",
         description="Snapshot the slices of every store in sluice.toml (and --store, if given) "
-        "and the replay lineage, and rebuild every view of the analytics database.",
+        "and the replay lineage, compute the rates of new NIC export files, and rebuild every "
+        "view of the analytics database.",
     )
     r.add_argument(
         "--export",
@@ -86,12 +87,15 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     extra = [parse_export_option(text) for text in args.export]
     exports = discover_exports(settings, extra)
     slices = snapshot_slices(paths, collect_slices(settings, args.store, args.slices_stream))
-    views = refresh(paths, exports)
+    rates: list[str] = []
+    views = refresh(paths, exports, rates.append)
     print(f"database: {paths.database}")
     for source in exports:
         files = source.parquet_files()
         state = counted(files, "file") if files else "no files yet"
         print(f"export:   {source.name} <- {source.parquet_root} ({state})")
+    for line in rates:
+        print(f"rates:    {line}")
     print(f"slices:   {slices}")
     print(f"views:    {', '.join(views)}")
     return 0

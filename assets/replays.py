@@ -33,6 +33,7 @@ from pipeline.jobs.replay import (
 )
 from pipeline.jobs.slices import SliceRecord, find_slice, format_ns
 from pipeline.settings import ModelTable, StreamFamily
+from pipeline.wording import counted
 from resources.spark import SparkResource
 from resources.stores import StreamStoresResource
 
@@ -171,8 +172,8 @@ def replay_asset(
             slices_stream=table.slices_stream,
         )
         context.log.info(
-            f"replayed {slice_id}: {result.lineage.input_rows} rows -> "
-            f"{result.lineage.output_rows} results ({model.spec} {model.version})"
+            f"replayed {slice_id}: {counted(result.lineage.input_rows, 'row')} -> "
+            f"{counted(result.lineage.output_rows, 'result')} ({model.spec} {model.version})"
         )
         yield dg.MaterializeResult(metadata=replay_metadata(result, record))
         with tempfile.TemporaryDirectory(prefix="sluice-replay-check-") as scratch:

@@ -31,6 +31,7 @@ from typing import Any
 
 from pipeline.errors import SluiceError
 from pipeline.settings import SluiceSettings, load_settings
+from pipeline.wording import counted
 
 SYSFS_NET = Path("/sys/class/net")
 PSC_PREFIX = "PRAVEGA_SENSOR_COLLECTOR_"
@@ -388,8 +389,8 @@ def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoP
         bursts = r.get("metric/burst_periods", "-")
         peak = r.get("metric/peak_rx_mbps", "-")
         out.append(
-            f"  {r['slice_id']}  {r['model']} {r['model_version']}: {r['input_rows']} rows -> "
-            f"{r['output_rows']} results, burst periods {bursts}, peak rx {peak} Mbit/s"
+            f"  {r['slice_id']}  {r['model']} {r['model_version']}: "
+            f"{counted(r['input_rows'], 'row')} -> {counted(r['output_rows'], 'result')}, burst periods {bursts}, peak rx {peak} Mbit/s"
         )
     out += revalidation_lines(dagster)
     columns, rows = query(paths, DEMO_QUERY)

@@ -18,6 +18,7 @@ from pipeline import durable
 from pipeline.analytics.rates import rates_sql
 from pipeline.analytics.sandbox import open_database
 from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths, ExportSource
+from pipeline.wording import counted
 
 DEFAULT_MAX_POINTS = 200_000
 
@@ -49,13 +50,17 @@ def _too_few(
 ) -> str:
     """Why there is nothing to plot, and where Sluice looked."""
     if start_ns is not None or end_ns is not None:
-        return f"{samples} sample(s) in the chosen window: a rate needs two; widen --from/--to"
+        found = counted(samples, "sample")
+        return f"{found} in the chosen window: a rate needs two; widen --from/--to"
     looked = con.execute(
         "SELECT location, files FROM sources WHERE kind = 'export' AND name = ?", [source.name]
     ).fetchall()
-    where = ", ".join(f"{loc} ({files} files at the last refresh)" for loc, files in looked)
+    where = ", ".join(
+        f"{loc} ({counted(files, 'file')} at the last refresh)" for loc, files in looked
+    )
     return (
-        f"{samples} sample(s) exported: a rate needs two. Sluice looked in {where or 'nowhere'}; "
+        f"{counted(samples, 'sample')} exported: a rate needs two. "
+        f"Sluice looked in {where or 'nowhere'}; "
         "export the stream there (`sluice run export`), then `sluice analytics refresh`"
     )
 

@@ -277,5 +277,5 @@ def test_when_nothing_is_found_sluice_says_where_it_looked(tmp_path, monkeypatch
     assert f"note: no exported files of network in {looked}" in captured.err
     assert cli.main(["plot", "rates", "network"]) == 1
     err = capsys.readouterr().err
-    assert f"0 sample(s) exported: a rate needs two. Sluice looked in {looked} (0 files" in err
+    assert f"0 samples exported: a rate needs two. Sluice looked in {looked} (0 files" in err
     assert "widen" not in err  # no window was given

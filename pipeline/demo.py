@@ -390,7 +390,8 @@ def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoP
         peak = r.get("metric/peak_rx_mbps", "-")
         out.append(
             f"  {r['slice_id']}  {r['model']} {r['model_version']}: "
-            f"{counted(r['input_rows'], 'row')} -> {counted(r['output_rows'], 'result')}, burst periods {bursts}, peak rx {peak} Mbit/s"
+            f"{counted(r['input_rows'], 'row')} -> {counted(r['output_rows'], 'result')}, "
+            f"burst periods {bursts}, peak rx {peak} Mbit/s"
         )
     out += revalidation_lines(dagster)
     columns, rows = query(paths, DEMO_QUERY)

@@ -49,6 +49,7 @@ from pipeline.errors import SluiceError
 from pipeline.jobs.slices import list_slices
 from pipeline.settings import SluiceSettings, StreamFamily, load_settings
 from pipeline.streams import open_store
+from pipeline.wording import counted
 
 SUMMARY_VERSION = 2
 REPO = Path(__file__).resolve().parents[1]
@@ -253,7 +254,7 @@ class DemoAutomation:
             todo.append("the analytics views: a refresh after the last upstream change")
         unfinished = self.runs(statuses=UNFINISHED)
         if not todo and unfinished:
-            todo.append(f"{len(unfinished)} runs still running")
+            todo.append(f"{counted(len(unfinished), 'run')} still running")
         return todo
 
     def analytics_current(self) -> bool:

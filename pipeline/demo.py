@@ -331,11 +331,12 @@ def automation_lines(dagster: dict[str, Any]) -> list[str]:
         launched = item["runs"]
         out.append(
             f"  {item['kind']:<8} {item['name']}: {'on' if item['running'] else 'off'}, "
-            f"{sum(ticks.values())} ticks ({detail or 'none'}), {len(launched)} runs"
+            f"{counted(sum(ticks.values()), 'tick')} ({detail or 'none'}), "
+            f"{counted(len(launched), 'run')}"
         )
         out += [f"    {run_line(runs[run_id])}" for run_id in launched if run_id in runs]
     by_hand = [r for r in dagster["runs"] if r["launched_by"] == "manual"]
-    out.append(f"  launched by hand: {len(by_hand)} runs")
+    out.append(f"  launched by hand: {counted(len(by_hand), 'run')}")
     out += [f"    {run_line(r)}" for r in by_hand]
     return out
 
@@ -373,7 +374,8 @@ def print_summary(settings: SluiceSettings, dagster: dict[str, Any], plan: DemoP
     paths = AnalyticsPaths(settings.home, settings.analytics_database)
     runs = dagster["runs"]
     checks = dagster["checks"]
-    out = [f"\nSluice demo: {plan.collect_seconds:.0f} s of collection, {len(runs)} Dagster runs"]
+    collected = f"{plan.collect_seconds:.0f} s of collection"
+    out = [f"\nSluice demo: {collected}, {counted(len(runs), 'Dagster run')}"]
     out.append("\nstream       collected  mirrored  exported rows  quarantined  slices")
     for c in stream_counts(settings, view_rows(settings)):
         out.append(

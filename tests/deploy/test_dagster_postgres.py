@@ -81,6 +81,7 @@ def service_env(
         env[key] = "127.0.0.1" if text in compose["services"] else relocate(text, paths)
     env["DAGSTER_HOME"] = str(dagster_home)
     env["SLUICE_SPARK_MASTER"] = "local[1]"  # no Spark cluster here
+    env["SLUICE_SPARK_REMOTE"] = "local"  # nor its spark-connect service (test_connect.py)
     env["PYTHONPATH"] = str(DOCKER.parent)
     return env
 

@@ -289,7 +289,8 @@ def load_warning(before: Load, after: Load, cores: int) -> str | None:
     worst = max(before.one, after.one)
     return (
         f"Measured under load (1-min load average {worst:.2f} on {cores} cores): other work"
-        " shared the machine, so the figures are lower and noisier than on an idle one."
+        " (in a `make bench`, the script just before, whose load is still decaying) shared"
+        " the machine, so the figures may be lower and noisier than on an idle one."
     )
 
 

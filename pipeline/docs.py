@@ -433,6 +433,15 @@ def collector_settings() -> list[Setting]:
     return sorted(rows, key=lambda s: (order.get(s.key.split(".")[0], 2), s.key.split(".")[0]))
 
 
+def _setting_rows(settings: list[Setting]) -> list[str]:
+    """The reference's table rows of `settings`: key, type, default (or `required`), meaning."""
+    rows = []
+    for s in settings:
+        default = "required" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.key}` | {_cell(s.kind)} | {_cell(default)} | {_cell(s.description)} |")
+    return rows
+
+
 def _collector_default(read: _Read, missing: object) -> str | None:
     if read.default is missing:
         return None
@@ -587,9 +596,7 @@ def render_reference() -> str:
         "| key | type | default | meaning |",
         "|---|---|---|---|",
     ]
-    for s in toml_settings():
-        default = "required" if s.default is None else f"`{s.default}`"
-        out.append(f"| `{s.key}` | {_cell(s.kind)} | {_cell(default)} | {_cell(s.description)} |")
+    out += _setting_rows(toml_settings())
     out += [
         "",
         "## `SLUICE_*` environment variables",
@@ -612,9 +619,7 @@ def render_reference() -> str:
         "| table.key | type | default | meaning |",
         "|---|---|---|---|",
     ]
-    for s in collector_settings():
-        default = "required" if s.default is None else f"`{s.default}`"
-        out.append(f"| `{s.key}` | {_cell(s.kind)} | {_cell(default)} | {_cell(s.description)} |")
+    out += _setting_rows(collector_settings())
     out += [
         "",
         "Instances may also come from the Pravega Sensor Collector's variables:",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -158,6 +159,37 @@ def run_cli(
         cwd=cwd or REPO,
         timeout=timeout,
     )
+
+
+def start_collector(path: Path) -> subprocess.Popen:
+    """`sluice collect --config path` as its own process (the way systemd runs it); its
+    standard error is kept for the test to read."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "collect", "--config", str(path)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@contextlib.contextmanager
+def running_collector(path: Path) -> Iterator[subprocess.Popen]:
+    """`start_collector(path)`, killed on the way out unless the test stopped it itself."""
+    process = start_collector(path)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
+def collect_status(path: Path) -> dict[str, dict]:
+    """`sluice collect status --json` of the instances of `path`, by instance name."""
+    result = run_cli("collect", "--config", str(path), "status", "--json")
+    assert result.returncode == 0, result.stderr
+    return {report["name"]: report for report in json.loads(result.stdout)}
 
 
 def free_port() -> int:

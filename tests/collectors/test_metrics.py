@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -20,19 +17,9 @@ from collectors.buffer.schema import COUNTERS
 from collectors.errors import ConfigError, MetricsUnavailable
 from collectors.metrics import COUNTER_METRICS, serve_metrics
 
-from .conftest import REPO, free_port, run_cli, wait_for
+from .conftest import REPO, collect_status, free_port, run_cli, running_collector, wait_for
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def start(path: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "collect", "--config", str(path)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def scrape(port: int, host: str = "127.0.0.1") -> Samples:
@@ -73,12 +60,6 @@ def labels_of(samples: Samples, name: str, instance: str) -> list[dict[str, str]
         for (n, pairs) in samples
         if n == name and dict(pairs).get("instance") == instance
     ]
-
-
-def status(path: Path) -> dict[str, dict]:
-    result = run_cli("collect", "--config", str(path), "status", "--json")
-    assert result.returncode == 0, result.stderr
-    return {report["name"]: report for report in json.loads(result.stdout)}
 
 
 def listening_ports(pid: int) -> set[int]:
@@ -146,22 +127,22 @@ def test_the_endpoint_serves_what_collect_status_says(write_config, tmp_path):
         metrics_port=port,
         unhealthy_after_seconds=1,
     )
-    process = start(path)
-    try:
+    with running_collector(path) as process:
         wait_for(lambda: answers(port), timeout=30)
         assert listening_ports(process.pid) == {port}  # the endpoint, and nothing else
 
         # While the generator samples: every counter of a scrape lies between two reports.
-        wait_for(lambda: status(path)["gen"]["counters"].get("events_committed", 0) >= 5)
-        before = status(path)
+        wait_for(lambda: collect_status(path)["gen"]["counters"].get("events_committed", 0) >= 5)
+        before = collect_status(path)
         samples = scrape(port)
-        after = status(path)
+        after = collect_status(path)
         assert_counters_between(before["gen"], samples, after["gen"])
         assert value(samples, "sluice_collector_buffer_capacity_events", "gen") == 100_000
 
         # Once it has sent all 8000 samples nothing moves: the scrape equals the report.
-        wait_for(lambda: status(path)["gen"]["counters"].get("samples_committed") == 8000)
-        before, samples, after = status(path)["gen"], scrape(port), status(path)["gen"]
+        wait_for(lambda: collect_status(path)["gen"]["counters"].get("samples_committed") == 8000)
+        before = collect_status(path)["gen"]
+        samples, after = scrape(port), collect_status(path)["gen"]
         assert_counters_between(before, samples, after)
         assert before["counters"] == after["counters"]
         assert value(samples, "sluice_collector_samples_read_total", "gen") == 8000
@@ -193,8 +174,9 @@ def test_the_endpoint_serves_what_collect_status_says(write_config, tmp_path):
         ]
 
         # The MQTT driver cannot reach its broker: unhealthy, with its last error.
-        wait_for(lambda: not status(path)["mq"]["healthy"], timeout=30)
-        before, samples, after = status(path)["mq"], scrape(port), status(path)["mq"]
+        wait_for(lambda: not collect_status(path)["mq"]["healthy"], timeout=30)
+        before = collect_status(path)["mq"]
+        samples, after = scrape(port), collect_status(path)["mq"]
         assert after["healthy"] is False and after["connected"] is False
         assert value(samples, "sluice_collector_healthy", "mq", driver="mqtt") == 0
         assert value(samples, "sluice_collector_running", "mq", driver="mqtt") == 1
@@ -215,10 +197,6 @@ def test_the_endpoint_serves_what_collect_status_says(write_config, tmp_path):
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0, process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
     log = process.stderr.read()
     assert f"metrics: http://127.0.0.1:{port}/metrics" in log
     assert not answers(port)  # the endpoint ended with the service
@@ -226,16 +204,11 @@ def test_the_endpoint_serves_what_collect_status_says(write_config, tmp_path):
 
 def test_without_metrics_port_nothing_listens(write_config):
     path = write_config({"gen": generator()})
-    process = start(path)
-    try:
-        wait_for(lambda: status(path)["gen"]["counters"].get("events_committed", 0) >= 3)
+    with running_collector(path) as process:
+        wait_for(lambda: collect_status(path)["gen"]["counters"].get("events_committed", 0) >= 3)
         assert listening_ports(process.pid) == set()
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0, process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
     assert "metrics:" not in process.stderr.read()
 
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.wording import counted
-from tests.collectors.conftest import REPO, read_payloads, run_cli, toml_text, wait_for
+from tests.collectors.conftest import (
+    collect_status,
+    read_payloads,
+    start_collector,
+    toml_text,
+    wait_for,
+)
 
 STREAM = "lab/signals"
 
@@ -28,16 +32,6 @@ def write_config(tmp_path: Path, store: str, drain: float, **generator: object) 
     path = tmp_path / "collector.toml"
     path.write_text(toml_text(collector, {"gen": table}))
     return path
-
-
-def start(path: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "collect", "--config", str(path)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def buffered_sequences(buffer_file: Path) -> list[int]:
@@ -58,17 +52,11 @@ def next_seq(buffer_file: Path) -> int:
     return json.loads(cursor)["next_seq"]
 
 
-def status(path: Path) -> dict:
-    result = run_cli("collect", "--config", str(path), "status", "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)[0]
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_each_stop_signal_drains_in_time_at_an_impossible_rate(tmp_path, store_dir, signum):
     drain = 8.0
     path = write_config(tmp_path, f"embedded:{store_dir}", drain, samples_per_sec=1e9)
-    process = start(path)
+    process = start_collector(path)
     wait_for(lambda: len(read_payloads(store_dir, STREAM)) >= 3)
     sent_at = time.monotonic()
     process.send_signal(signum)
@@ -84,7 +72,7 @@ def test_each_stop_signal_drains_in_time_at_an_impossible_rate(tmp_path, store_d
     left = buffered_sequences(buffer_file)
     assert stored + left == list(range(next_seq(buffer_file)))  # each once, in order
 
-    report = status(path)
+    report = collect_status(path)["gen"]
     assert report["running"] is False
     assert (
         report["last_stop"]
@@ -98,9 +86,9 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
     path = write_config(
         tmp_path, f"embedded:{not_a_directory}", 120.0, samples_per_sec=2000, max_samples=4000
     )
-    process = start(path)
+    process = start_collector(path)
     buffer_file = tmp_path / "state" / "gen.db"
-    wait_for(lambda: buffer_file.exists() and status(path)["depth_events"] >= 2)
+    wait_for(lambda: buffer_file.exists() and collect_status(path)["gen"]["depth_events"] >= 2)
     process.send_signal(signal.SIGTERM)
     time.sleep(2.0)
     assert process.poll() is None  # draining: the sender keeps retrying the store
@@ -112,17 +100,17 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
     assert "SIGTERM again: ending the drain now; what is buffered stays" in log
     assert buffered_sequences(buffer_file) == list(range(next_seq(buffer_file)))  # kept
     assert not_a_directory.read_text() == "the store cannot live here"
-    report = status(path)
+    report = collect_status(path)["gen"]
     assert report["running"] is False and report["depth_events"] >= 2
     assert report["last_stop"].startswith("SIGTERM received; ")
 
 
 def test_status_after_a_kill_says_the_run_did_not_stop_cleanly(tmp_path, store_dir):
     path = write_config(tmp_path, f"embedded:{store_dir}", 10.0, samples_per_sec=5000)
-    process = start(path)
+    process = start_collector(path)
     wait_for(lambda: len(read_payloads(store_dir, STREAM)) >= 2)
     process.kill()
     process.wait(30)
-    report = status(path)
+    report = collect_status(path)["gen"]
     assert report["running"] is False and report["healthy"] is False
     assert report["last_stop"].startswith("ended without a clean stop (a crash, a kill")

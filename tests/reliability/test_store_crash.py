@@ -125,22 +125,31 @@ def test_transaction_looked_up_after_restart(tmp_path):
         )
 
 
-def test_crash_between_segments_of_a_commit_rolls_forward(tmp_path):
-    """The process dies after the first segment's block landed; a later commit finishes."""
-    store_dir = tmp_path / "streams"
+def commit_dying_at(store_dir: Path, stream: str, segments: int, patch: str, events: int) -> str:
+    """Create `stream`, then in another process write `events` events in one transaction and
+    commit it with `patch` applied (Python that makes a step of the commit call `os._exit(9)`):
+    the id of the transaction the process died committing."""
     with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream("crash/half", segments=4)
+        store.create_stream(stream, segments=segments)
     code = (
-        "import os; from pipeline.streams import open_store;"
-        "from pipeline.streams.embedded import transactions as t;"
-        "t.EmbeddedTransaction._mark_done = lambda self, seg: os._exit(9);"
-        f"s = open_store('embedded:{store_dir}'); x = s.begin_transaction('crash/half');"
-        "[x.write(f'e{i}'.encode(), routing_key=f'k{i}') for i in range(40)];"
+        f"import os; from pipeline.streams import open_store; {patch};"
+        f"s = open_store('embedded:{store_dir}'); x = s.begin_transaction('{stream}');"
+        f"[x.write(f'e{{i}}'.encode(), routing_key=f'k{{i}}') for i in range({events})];"
         "print(x.txn_id, flush=True); x.commit()"
     )
     out = run_python(code)
     assert out.returncode == 9, out.stderr
-    txn_id = out.stdout.strip()
+    return out.stdout.strip()
+
+
+def test_crash_between_segments_of_a_commit_rolls_forward(tmp_path):
+    """The process dies after the first segment's block landed; a later commit finishes."""
+    store_dir = tmp_path / "streams"
+    patch = (
+        "from pipeline.streams.embedded import transactions as t;"
+        "t.EmbeddedTransaction._mark_done = lambda self, seg: os._exit(9)"
+    )
+    txn_id = commit_dying_at(store_dir, "crash/half", 4, patch, events=40)
     with open_store(f"embedded:{store_dir}") as store:
         txn = store.get_transaction("crash/half", txn_id)
         assert txn.state() == "committing"
@@ -153,19 +162,11 @@ def test_crash_after_entering_committing_before_the_block_lands(tmp_path):
     """The process dies after `committing` and `appended_at` were recorded, before any block
     was written: nothing is visible, and a later commit lands every event exactly once."""
     store_dir = tmp_path / "streams"
-    with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream("crash/early", segments=2)
-    code = (
-        "import os; from pipeline.streams import open_store;"
+    patch = (
         "from pipeline.streams.embedded import engine as e;"
-        "e.Engine.append_block = lambda *a, **k: os._exit(9);"
-        f"s = open_store('embedded:{store_dir}'); x = s.begin_transaction('crash/early');"
-        "[x.write(f'e{i}'.encode(), routing_key=f'k{i}') for i in range(20)];"
-        "print(x.txn_id, flush=True); x.commit()"
+        "e.Engine.append_block = lambda *a, **k: os._exit(9)"
     )
-    out = run_python(code)
-    assert out.returncode == 9, out.stderr
-    txn_id = out.stdout.strip()
+    txn_id = commit_dying_at(store_dir, "crash/early", 2, patch, events=20)
     with open_store(f"embedded:{store_dir}") as store:
         assert list(store.read("crash/early")) == []
         txn = store.get_transaction("crash/early", txn_id)

@@ -27,8 +27,11 @@ from assets.services import Watched
 from assets.slices import slices_step
 from pipeline.settings import SluiceSettings, StreamFamily
 
-#: Steps run in their own processes (one Spark session each), at most this many at once.
-EXECUTOR = dg.multiprocess_executor.configured({"max_concurrent": 2})
+#: A run's steps run one after another in the run's own process and share its Spark session
+#: (one JVM per run, started by the first step that needs Spark, none for a run that finds
+#: nothing new): on a small machine, a process and a JVM per step cost more than the steps'
+#: parallelism gains (`DESIGN.md`, "One process per run").
+EXECUTOR = dg.in_process_executor
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,10 @@ Each round appends `events x samples` new NIC samples to an edge stream and runs
 Python process each (as a Dagster run or `sluice run` is), the mirror (edge -> cloud) and the
 export (cloud -> Parquet + CSV) until caught up, once per contender, side by side:
 
-- `local`: `SLUICE_SPARK_REMOTE=local`, a local JVM (`local[2]`) per process, as before;
+- `local`: `SLUICE_SPARK_REMOTE=local`, a local JVM (`local[2]`) per process, without the
+  archive of Spark's classes (`SLUICE_SPARK_CLASS_ARCHIVE=false`);
+- `archive`: the same, with the archive (`pipeline/spark/class_archive.py`; built before the
+  first round if missing, not counted);
 - `connect`: attached to a Spark Connect server (`pipeline/spark/connect.py`) started once
   with the same configuration (`local[2]`).
 
@@ -122,13 +125,14 @@ def check(root: Path, expected: int) -> None:
         raise SystemExit(msg)
 
 
-def child_env(home: Path, remote: str) -> dict[str, str]:
+def child_env(home: Path, remote: str, archive: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
     env.update(
         SLUICE_HOME=str(home),
         SLUICE_CONFIG=str(ROOT / "sluice.toml"),
         SLUICE_SPARK_MASTER="local[2]",
         SLUICE_SPARK_REMOTE=remote,
+        SLUICE_SPARK_CLASS_ARCHIVE="true" if archive else "false",
         PYTHONPATH=str(ROOT),
     )
     return env
@@ -153,17 +157,29 @@ def main() -> None:
         child(args.child)
         return
 
+    from pipeline.spark.class_archive import archive_path, build
     from pipeline.spark.connect import python_daemons, start_server, stop_server
     from pipeline.spark.session import SparkSettings, spark_conf
 
+    started = time.monotonic()
+    archive = archive_path()
+    if archive is None or not build(archive, wait=True):
+        msg = "the archive of Spark's classes could not be built (no Java?)"
+        raise SystemExit(msg)
+    print(f"class archive {archive} ready in {time.monotonic() - started:.1f} s (not counted)")
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-startup-"))
-    contenders = {"local": work / "local", "connect": work / "connect"}
+    names = ("local", "archive", "connect")
+    contenders = {name: work / name for name in names}
     home = work / "home"
     started = time.monotonic()
     conf = spark_conf(SparkSettings(master="local[2]", app_name="bench-connect"))
     server = start_server(home, conf)
     print(f"connect server up in {time.monotonic() - started:.1f} s (once, not counted)")
-    envs = {"local": child_env(home, "local"), "connect": child_env(home, server.url)}
+    envs = {
+        "local": child_env(home, "local"),
+        "archive": child_env(home, "local", archive=True),
+        "connect": child_env(home, server.url),
+    }
     per_round = args.events * args.samples
     walls: dict[str, list[float]] = {label: [] for label in contenders}
     try:
@@ -185,8 +201,10 @@ def main() -> None:
     best = {label: min(w) for label, w in walls.items()}
     print(
         f"catch-up of {per_round:,} new samples, best of {args.rounds}: "
-        f"local {best['local']:.2f} s, connect {best['connect']:.2f} s, "
-        f"local / connect = {best['local'] / best['connect']:.2f}x; "
+        f"local {best['local']:.2f} s, archive {best['archive']:.2f} s, "
+        f"connect {best['connect']:.2f} s; local / archive = "
+        f"{best['local'] / best['archive']:.2f}x, local / connect = "
+        f"{best['local'] / best['connect']:.2f}x; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     shutil.rmtree(work, ignore_errors=True)

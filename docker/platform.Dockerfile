@@ -22,6 +22,7 @@ ENV UV_PROJECT_ENVIRONMENT=/opt/sluice/.venv \
     UV_COMPILE_BYTECODE=1 \
     PATH=/opt/sluice/.venv/bin:$PATH \
     SLUICE_HOME=/var/lib/sluice/home \
+    XDG_CACHE_HOME=/var/lib/sluice/cache \
     DAGSTER_HOME=/opt/dagster
 
 # Dependencies first (a layer that changes only with the lock file), then the project.

@@ -39,6 +39,7 @@ VARIABLES: dict[str, str] = {
     "SLUICE_SPARK_LOG_LEVEL": "Spark's log level",
     "SLUICE_SPARK_UI": "true: start the Spark UI",
     "SLUICE_SPARK_REMOTE": "auto, local or an sc:// URL: the Spark Connect server jobs attach to",
+    "SLUICE_SPARK_CLASS_ARCHIVE": "false: local JVMs start without the archive of Spark's classes",
     "SLUICE_PRAVEGA_USER": "Pravega user",
     "SLUICE_PRAVEGA_PASSWORD_FILE": "a file holding the Pravega password",
     "SLUICE_PRAVEGA_PASSWORD": "the Pravega password (prefer the _FILE variable)",

@@ -87,6 +87,9 @@ _DESCRIPTIONS: dict[str, str] = {
     "spark.ui": "start the Spark UI (SLUICE_SPARK_UI)",
     "spark.remote": "auto (attach to `sluice spark start`'s server when one runs, else a local "
     "Spark), local, or an sc:// URL (SLUICE_SPARK_REMOTE)",
+    "spark.class_archive": "map the archive of Spark's classes, built in the background under "
+    "~/.cache/sluice/spark-classes when missing, so local JVMs start sooner "
+    "(SLUICE_SPARK_CLASS_ARCHIVE; default true)",
     "spark.conf": 'any Spark configuration: [spark.conf] "spark.executor.memory" = "2g"',
     "collectors": "the demo's collector instances ([collectors.NAME], as a collector.toml's)",
     "collector.store": "the default store of every instance",

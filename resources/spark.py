@@ -32,6 +32,8 @@ class SparkResource(dg.ConfigurableResource):
     conf: dict[str, str] = {}
     #: `auto` (attach to the server `sluice spark start` runs, else local), `local`, `sc://…`
     remote: str = "auto"
+    #: map the archive of Spark's classes (built in the background when missing)
+    class_archive: bool = True
 
     _session: SparkSession | None = PrivateAttr(default=None)
 
@@ -45,6 +47,7 @@ class SparkResource(dg.ConfigurableResource):
             ui=settings.ui,
             conf=dict(settings.conf),
             remote=settings.remote,
+            class_archive=settings.class_archive,
         )
 
     def settings(self) -> SparkSettings:
@@ -56,6 +59,7 @@ class SparkResource(dg.ConfigurableResource):
             ui=self.ui,
             conf=tuple(sorted(self.conf.items())),
             remote=self.remote,
+            class_archive=self.class_archive,
         )
 
     @property

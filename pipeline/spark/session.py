@@ -59,6 +59,9 @@ class SparkSettings:
     conf: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     #: `auto`, `local` or a Spark Connect URL (`sc://host:port/;token=…`)
     remote: str = AUTO
+    #: map (and, when missing, build in the background) the archive of Spark's classes that
+    #: starts a local JVM sooner (`pipeline/spark/class_archive.py`)
+    class_archive: bool = True
 
     def __post_init__(self) -> None:
         if self.remote not in (AUTO, LOCAL) and not self.remote.startswith("sc://"):
@@ -90,6 +93,9 @@ class SparkSettings:
             ui=_truthy(env.get("SLUICE_SPARK_UI", table.get("ui", base.ui))),
             conf=tuple(sorted(extra.items())),
             remote=env.get("SLUICE_SPARK_REMOTE") or str(table.get("remote", base.remote)),
+            class_archive=_truthy(
+                env.get("SLUICE_SPARK_CLASS_ARCHIVE", table.get("class_archive", True))
+            ),
         )
 
 
@@ -219,8 +225,13 @@ def local_session(settings: SparkSettings) -> SparkSession:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", settings.driver_host)
+    conf = spark_conf(settings)
+    if settings.class_archive:
+        from pipeline.spark.class_archive import with_archive
+
+        conf = with_archive(conf)
     builder = SparkSession.builder
-    for key, value in spark_conf(settings).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level)

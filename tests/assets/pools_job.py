@@ -1,7 +1,7 @@
-"""A job the multiprocess executor can rebuild in each step's process (for test_pools.py).
+"""A job a subprocess can rebuild and run on a given instance (for test_pools.py).
 
 `python -m tests.assets.pools_job DAGSTER_HOME` runs the network family's mirror step with
-the job's own executor (multiprocess) on that instance and prints the run id.
+the job's own executor on that instance and prints the run id.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two runs of one streaming job, launched at once in two processes with the multiprocess
+"""Two runs of one streaming job, launched at once in two processes with the job's own
 executor on Sluice's instance (pools of one slot): their mirror steps never overlap, and
 neither has to skip because the other holds the checkpoint."""
 

@@ -1,0 +1,176 @@
+"""A class-data-sharing archive of the classes a Spark driver loads: local JVMs start sooner.
+
+A local Spark session's JVM spends most of its start-up loading, parsing and verifying the
+same few thousand classes from Spark's jars. Java's dynamic class-data-sharing archive
+(JEP 350, `-XX:ArchiveClassesAtExit` / `-XX:SharedArchiveFile`) records them once, parsed and
+verified, and every later JVM maps the file instead (`benchmarks/spark_startup.py` measures
+it beside a JVM without).
+
+- **Where:** `$XDG_CACHE_HOME/sluice/spark-classes/<key>.jsa` (about 160 MB; `~/.cache` when
+  `XDG_CACHE_HOME` is unset), one per Java and Spark install: `key` hashes the Java home
+  (its `release` file and `libjvm.so`), pyspark's version and Spark's jars. It is a cache:
+  deleting it costs one rebuild.
+- **Built:** by the first local session that finds none, in the background (a detached,
+  low-priority process, one per machine at a time: `<key>.lock`), so no job waits for it.
+  The builder runs a small Spark job through `spark-submit` with `-XX:ArchiveClassesAtExit`
+  and renames the archive into place only when that JVM exited cleanly; an interrupted build
+  leaves no archive and the next session starts another. `sluice spark archive` builds it in
+  the foreground; its log is `<key>.log`.
+- **Used:** `-XX:SharedArchiveFile` on the driver JVM of local sessions and of the Spark
+  Connect server. A JVM that cannot map the file (another JDK, a damaged file) starts without
+  it, silently: the archive can make a start faster, never fail it.
+- **Off:** `[spark] class_archive = false` or `SLUICE_SPARK_CLASS_ARCHIVE=false`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from pipeline.errors import SluiceError
+
+log = logging.getLogger(__name__)
+
+#: JVM options that keep the archive quiet: the dump's and the mapping's own warnings
+#: (skipped signed jars, "optimized module handling disabled") are not for users.
+QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+#: the builder's Spark logs at ERROR, as a session's does (its log is the build's log)
+LOG4J = f"-Dlog4j2.configurationFile=file:{Path(__file__).with_name('log4j2.properties')}"
+
+
+class ArchiveError(SluiceError):
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"archive of Spark's classes: {problem}")
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sluice" / "spark-classes"
+
+
+def java_home(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The Java pyspark starts: `$JAVA_HOME`, else the `java` on `PATH`."""
+    env = os.environ if environ is None else environ
+    if env.get("JAVA_HOME"):
+        return Path(env["JAVA_HOME"])
+    java = shutil.which("java", path=env.get("PATH"))
+    return Path(java).resolve().parents[1] if java else None
+
+
+def install_key(environ: Mapping[str, str] | None = None) -> str | None:
+    """A name for this Java and Spark install; None when there is no Java to key on."""
+    import pyspark
+
+    home = java_home(environ)
+    if home is None:
+        return None
+    digest = hashlib.sha256()
+    digest.update(f"{home.resolve()}\0{pyspark.__version__}\0".encode())
+    for path in (home / "release", home / "lib" / "server" / "libjvm.so"):
+        if path.exists():
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
+    jars = Path(pyspark.__file__).parent / "jars"
+    for jar in sorted(jars.glob("*.jar")):
+        digest.update(f"{jar.name}:{jar.stat().st_size}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def archive_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    key = install_key(environ)
+    return None if key is None else cache_dir(environ) / f"{key}.jsa"
+
+
+def with_archive(conf: Mapping[str, str], *, build: bool = True) -> dict[str, str]:
+    """`conf` with the driver JVM mapping the archive when it exists; when it does not and
+    `build`, a background build is started for the sessions after this one."""
+    out = dict(conf)
+    try:
+        path = archive_path()
+        if path is not None and path.exists():
+            option = f"-XX:SharedArchiveFile={path} {QUIET}"
+            out[DRIVER_OPTIONS] = f"{out.get(DRIVER_OPTIONS, '')} {option}".strip()
+        elif path is not None and build:
+            start_build(path)
+    except OSError as exc:  # an unwritable cache, a vanished Java: start without
+        log.debug("no archive of Spark's classes: %s", exc)
+    return out
+
+
+def start_build(path: Path) -> None:
+    """Build the archive in a detached low-priority process, unless one is building it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.with_suffix(".log").open("ab") as out:
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline.spark.class_archive", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives the session that started it, not its Ctrl-C
+            env=_builder_environment(),
+        )
+
+
+def _builder_environment() -> dict[str, str]:
+    from pipeline.spark.connect import code_root
+
+    env = dict(os.environ)
+    path = [str(code_root()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS"):
+        env.pop(name, None)
+    return env
+
+
+def build(path: Path, *, wait: bool = False) -> bool:
+    """Build the archive at `path`; False when another process is building it (`wait`:
+    wait for that one, then return whether the archive exists)."""
+    from pipeline.spark.connect import spark_home
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.with_suffix(".lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        if path.exists():
+            return True
+        for stale in path.parent.glob(f".{path.name}.*"):  # a builder killed mid-dump
+            stale.unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory(prefix="sluice-classes-") as work:
+            staging = path.with_name(f".{path.name}.{os.getpid()}")
+            staging.unlink(missing_ok=True)
+            command = [
+                str(spark_home() / "bin" / "spark-submit"),
+                "--master", "local[2]",
+                "--driver-java-options", f"-XX:ArchiveClassesAtExit={staging} {QUIET} {LOG4J}",
+                str(Path(__file__).with_name("class_workload.py")),
+                work,
+            ]  # fmt: skip
+            env = _builder_environment()
+            env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+            with path.with_suffix(".log").open("ab") as out:
+                done = subprocess.run(
+                    command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, check=False
+                )
+            if done.returncode != 0 or not staging.exists() or staging.stat().st_size == 0:
+                staging.unlink(missing_ok=True)
+                return False
+            os.replace(staging, path)
+            return True
+
+
+if __name__ == "__main__":  # the background builder: python -m pipeline.spark.class_archive PATH
+    os.nice(10)  # behind the jobs it is there to speed up
+    sys.exit(0 if build(Path(sys.argv[1])) else 1)

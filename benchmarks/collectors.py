@@ -2,10 +2,14 @@
 
     .venv/bin/python benchmarks/collectors.py [nic|generator|all] [--seconds 60]
                                               [--samples 5000000] [--interface eth0]
+                                              [--load N]
 
 Each runs side by side with a peer in the same run: the NIC collector with a bare Python loop
 reading the same counters on the same schedule (`bench_nic`), the generator with raw SQLite
-inserts of the same payloads (`bench_generator`). Ratios print last.
+inserts of the same payloads (`bench_generator`). Ratios print last. `--load N` runs the NIC
+pair on a busy machine: N processes that spin on the CPU at normal priority (one per core
+saturates it) run through both measurements, and the lost samples (ticks the sampler skipped
+after a stall, instead of firing a burst) print beside the jitter.
 """
 
 from __future__ import annotations
@@ -82,12 +86,33 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+SPINNER = "import time\nwhile True:\n    sum(range(10_000))\n"
+
+
+class Load:
+    """`n` processes spinning on the CPU at normal priority, for as long as the block runs."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.procs = n, []
+
+    def __enter__(self) -> Load:
+        self.procs = [subprocess.Popen([sys.executable, "-c", SPINNER]) for _ in range(self.n)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
 def interval_stats(stamps: list[int]) -> dict:
     intervals = [(b - a) / 1e6 for a, b in itertools.pairwise(stamps)]
     deviation = sorted(abs(i - 1.0) for i in intervals)
     span = (stamps[-1] - stamps[0]) / 1e9
     return {
         "samples": len(stamps),
+        # ticks of the span without a sample: skipped after a stall (never a burst)
+        "lost": max(0, round(span * 1000) + 1 - len(stamps)),
         "rate_per_s": (len(stamps) - 1) / span,
         "jitter_p50_ms": deviation[len(deviation) // 2],
         "jitter_p99_ms": deviation[int(len(deviation) * 0.99)],
@@ -254,18 +279,28 @@ def main() -> None:
     parser.add_argument(
         "--interface", default="eth0" if Path("/sys/class/net/eth0").exists() else "lo"
     )
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="CPU-spinning processes that run through the NIC measurements (0: none)",
+    )
     Recorder.add_option(parser)
     args = parser.parse_args()
-    recorder = Recorder(__file__, __doc__)
+    recorder = Recorder(__file__, __doc__, variant="load" if args.load else None)
     # Goals: >= 99.9% of intervals within ±1 ms and < 10% of a core for the NIC;
     # >= 1,000,000 samples/s for the generator.
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-collectors-"))
     try:
         if args.which in ("nic", "all"):
-            collector, peer = bench_nic(work, args.interface, args.seconds, args.realtime_priority)
+            with Load(args.load):
+                collector, peer = bench_nic(
+                    work, args.interface, args.seconds, args.realtime_priority
+                )
             print(
                 f"NIC {args.interface} at 1000 samples/s for {args.seconds:.0f} s, sampling "
-                f"thread priority: {args.realtime_priority or 'normal'} "
+                f"thread priority: {args.realtime_priority or 'normal'}, "
+                f"{args.load} CPU-spinning processes beside it "
                 f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
             )
             for name, row in (("sluice collect", collector), ("bare python loop", peer)):
@@ -273,7 +308,7 @@ def main() -> None:
                     f"  {name:17} rate {row['rate_per_s']:8.2f}/s  jitter p50 "
                     f"{row['jitter_p50_ms']:.3f} ms  p99 {row['jitter_p99_ms']:.3f} ms  max "
                     f"{row['jitter_max_ms']:.3f} ms  within ±1 ms {row['within_1ms_pct']:.3f}%  "
-                    f"CPU {row['cpu_pct']:.1f}% of a core"
+                    f"lost {row['lost']}  CPU {row['cpu_pct']:.1f}% of a core"
                 )
             print(
                 f"  ratios collector/bare: CPU {collector['cpu_pct'] / peer['cpu_pct']:.2f}x, "
@@ -301,7 +336,10 @@ def main() -> None:
         if args.write_results:
             nic = (collector, peer) if args.which in ("nic", "all") else None
             generator = (gen, raw) if args.which in ("generator", "all") else None
-            print(f"wrote {recorder.write(result_figures(args, nic, generator))}")
+            notes = [f"{args.load} CPU-spinning processes ran beside both NIC measurements"]
+            figures = result_figures(args, nic, generator)
+            written = recorder.write(figures, notes if args.load else [])
+            print(f"wrote {written}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -310,10 +348,15 @@ def result_figures(args: argparse.Namespace, nic: tuple | None, generator: tuple
     """The figures of `--write-results`: each (collector, peer) pair of rows measured."""
     figures = []
     if nic is not None:
-        what, bare = f"NIC {args.interface} at 1000 samples/s, {args.seconds:.0f} s", "bare loop"
+        what = f"NIC {args.interface} at 1000 samples/s, {args.seconds:.0f} s"
+        if args.load:
+            what += f", {args.load} CPU-spinning processes beside it"
+        bare = "bare loop"
         for label, key, unit, goal in (
             ("CPU", "cpu_pct", "% of a core", "< 10"),
+            ("jitter p50", "jitter_p50_ms", "ms", ""),
             ("jitter p99", "jitter_p99_ms", "ms", ""),
+            ("jitter max", "jitter_max_ms", "ms", ""),
             ("intervals within ±1 ms", "within_1ms_pct", "%", ">= 99.9"),
         ):
             figures.append(Figure(f"{what}, {label}", unit, nic[0][key], nic[1][key], bare, goal))

@@ -45,11 +45,11 @@ LIBRARIES = ("pyspark", "duckdb", "pyarrow", "pandas", "numpy", "msgspec", "zlib
 HEADER = """# Benchmark results
 
 Written by the scripts in `benchmarks/` when run with `--write-results` (`make bench` runs them
-all so): one section per script, replaced when that script runs again. Every figure is
-measured side by side with its peer in the same run; the ratio (Sluice's figure over the
-peer's: above 1 for a rate, below 1 for a time or a latency, means Sluice is ahead) is the
-comparison that holds across machines, the absolute figures hold for the machine described
-under each section. What each script measures, and against what: [README.md](README.md).
+all so): one section per script and variant (`collectors.py --load`), replaced when that
+script runs again. Every figure is measured side by side with its peer in the same run; the
+ratio (Sluice's figure over the peer's: above 1 for a rate, below 1 for a time or a latency,
+means Sluice is ahead) is the comparison that holds across machines, the absolute figures
+hold for the machine described under each section. What each script measures, and against what: [README.md](README.md).
 
 A section measured while other work was running (1-minute load average before the run at
 least 0.5 per core, or at least 1.5 per core after it) says so at its top.
@@ -215,8 +215,18 @@ class Recorder:
     """Started before a script measures anything (the load average before the run); `write`
     puts its figures into RESULTS.md."""
 
-    def __init__(self, script: str, title: str | None, workdir: Path | None = None) -> None:
-        self.name = Path(script).stem
+    def __init__(
+        self,
+        script: str,
+        title: str | None,
+        workdir: Path | None = None,
+        variant: str | None = None,
+    ) -> None:
+        """`variant` names a second section of one script (`collectors.py --load 2`: "load"),
+        kept beside its plain one instead of replacing it."""
+        self.script = Path(script).stem
+        self.variant = variant
+        self.name = f"{self.script}-{variant}" if variant else self.script
         self.title = (title or self.name).strip().splitlines()[0]
         self.command = command_line()
         self.workdir = workdir or Path(os.environ.get("SLUICE_BENCH_DIR") or tempfile.gettempdir())
@@ -245,7 +255,8 @@ class Recorder:
     def section(
         self, figures: Sequence[Figure], notes: Sequence[str], machine: Machine, after: Load
     ) -> str:
-        lines = [f"## `{self.name}.py`: {self.title}", ""]
+        shown = f"{self.script}.py" + (f", {self.variant}" if self.variant else "")
+        lines = [f"## `{shown}`: {self.title}", ""]
         warning = load_warning(self.load_before, after, machine.cores)
         if warning:
             lines += [f"> **{warning}**", ""]

@@ -152,3 +152,15 @@ def test_a_run_on_a_loaded_machine_says_so(tmp_path: Path) -> None:
     section = text[text.index("<!-- results:store begin") :]
     assert "> **Measured under load (1-min load average" in section
     assert section.index("Measured under load") < section.index("| measurement |")
+
+
+def test_a_variant_is_a_section_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    recorder("collectors", IDLE).write([Figure("jitter p99", "ms", 0.12)], path=path)
+    loaded = Recorder("benchmarks/collectors.py", "collectors: title", variant="load")
+    loaded.load_before = IDLE
+    loaded.write([Figure("jitter p99", "ms", 0.9)], ["2 spinners"], path=path)
+    text = path.read_text()
+    assert text.count("<!-- results:collectors begin -->") == 1
+    assert text.count("<!-- results:collectors-load begin -->") == 1
+    assert "## `collectors.py, load`" in text and "0.12 ms" in text and "0.9 ms" in text

@@ -3,9 +3,13 @@
 `Pacer` wakes at `start + k * period` for k = 1, 2, ...: sleeping to an absolute deadline
 means an oversleep on one tick is not carried into the next, so intervals do not drift. (The
 Pravega Sensor Collector's `NetworkDriver` spins on a token bucket; this sleeps, which costs
-far less CPU, and Linux's high-resolution timers keep a wake-up close to its deadline.) If
-the sampler falls more than `max_lag` behind (the machine stalled), the missed ticks are
-counted and the schedule restarts from now instead of firing a burst of back-to-back samples.
+far less CPU, and Linux's high-resolution timers keep a wake-up close to its deadline.)
+
+A wake-up a whole period or more late (the machine was busy, or stalled) skips the deadlines
+that have already passed: they are counted in `missed`, and the sample is taken for the
+latest passed deadline, on the same grid. It never fires the missed ticks back to back: a
+burst of samples microseconds apart would turn one packet into a spike of gigabits per second
+in every rate computed from them.
 """
 
 from __future__ import annotations
@@ -19,9 +23,8 @@ _SPIN_FREE = 0.05  # sleeps longer than this wait on the stop event instead
 class Pacer:
     """Deadlines `start + k * period` on the monotonic clock."""
 
-    def __init__(self, period: float, max_lag: float = 1.0) -> None:
+    def __init__(self, period: float) -> None:
         self.period = period
-        self.max_lag = max(max_lag, 2 * period)
         self.start = time.monotonic()
         self.ticks = 0
         self.missed = 0
@@ -40,8 +43,7 @@ class Pacer:
                 stop.wait(left - _SPIN_FREE / 2)
             else:
                 time.sleep(left)
-        late = -left
-        if late > self.max_lag:
-            self.missed += int(late / self.period)
-            self.start, self.ticks = time.monotonic(), 0
+        passed = int(-left / self.period)  # later deadlines that have passed too
+        self.missed += passed
+        self.ticks += passed
         return True

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 
 from collectors.batch import camel_case, format_timestamp
 from collectors.buffer import Buffer
+from collectors.pacing import Pacer
 
 from .conftest import read_payloads
 
@@ -179,3 +181,20 @@ def test_the_sampler_process_dies_with_the_collector(write_config, tmp_path):
     collector.send_signal(signal.SIGKILL)
     collector.wait()
     wait_for(lambda: samplers() == [], timeout=10)
+
+
+def test_after_a_stall_the_pacer_skips_the_passed_ticks_instead_of_bursting():
+    pacer, stop = Pacer(0.001), threading.Event()
+    for _ in range(5):
+        assert pacer.wait(stop)
+    time.sleep(0.05)  # the machine stalls for 50 periods
+    assert pacer.wait(stop)
+    after_stall = time.monotonic()
+    taken = 0
+    while time.monotonic() - after_stall < 0.002:
+        assert pacer.wait(stop)
+        taken += 1
+    assert pacer.missed >= 45  # counted, shown as "fell behind"
+    assert taken <= 3  # the old pacer fired the 50 missed ticks back to back here
+    stop.set()
+    assert not pacer.wait(stop)

@@ -252,7 +252,7 @@ def index_segment(
         return
     with segfile.locked():
         survey = segfile.survey(start)
-        engine.index_blocks(row, segment, survey.blocks)
+        engine.index_blocks(row, segment, survey.blocks, landed=False)  # recorded below
         for bad, later in survey.damaged:
             what = f"{later - bad} bytes are no valid block (valid blocks follow at {later})"
             tally.problems.append(Problem(row.qualified, segment, bad, what))

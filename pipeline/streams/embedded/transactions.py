@@ -1,12 +1,17 @@
 """Transactions of the embedded store: durable, atomic, contiguous, committable after a crash.
 
     open --flush--> (events fsynced in txn/<id>.<segment>.body, length+CRC in txn_segments)
-    open --commit--> committing --(one block per segment appended)--> committed
+    open --commit, one segment--> landing --(its block appended, fsynced)--> committed
+    open --commit, several--> committing --(one block per segment appended)--> committed
     open --abort--> aborted
 
 Exactly-once: each segment gets one block holding all of the transaction's events for it, so a
-reader sees all of them or none, and a commit that crashed half-way is rolled forward by the
-next `commit()` on the same id, from any process. How each step is made durable: FORMAT.md.
+reader sees all of them or none. A one-segment commit appends its block straight from memory
+(and its flushed body): the block is the commit, and whoever finds it commits the transaction
+in the catalog (`engine.commit_landed`); one that died before its block was whole goes back to
+`open`. A commit over several segments records them all `committing` first and is rolled
+forward by the next `commit()` on the same id, from any process. How each step is made
+durable, and why each crash point is safe: FORMAT.md ("Transactions").
 """
 
 from __future__ import annotations
@@ -16,14 +21,15 @@ import os
 import sqlite3
 import uuid
 from collections import defaultdict
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from pipeline.durable import fsync_dir
 from pipeline.streams.api import Transaction, TxnState
 from pipeline.streams.embedded.blocks import (
     BadBlock,
+    BlockHeader,
     crc32,
     encode_header,
     iter_frames,
@@ -32,6 +38,7 @@ from pipeline.streams.embedded.blocks import (
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow, encode
 from pipeline.streams.embedded.routing import route
+from pipeline.streams.embedded.segment import SegmentFile
 from pipeline.streams.embedded.space import out_of_space
 from pipeline.streams.errors import SegmentDamaged, TxnFailed, TxnNotFound
 
@@ -76,6 +83,16 @@ class EmbeddedTransaction(Transaction):
         return self._dir / f"{self.txn_id}.{segment}.body"
 
     def state(self) -> TxnState:
+        """The transaction's state; `open` only once no block of it is in any segment (a
+        one-segment commit whose catalog rows a power cut lost is found committed)."""
+        state = self._settled_state()
+        while state in ("open", "landing"):
+            self._catch_up_all()
+            if (state := self._settled_state()) == "open":
+                break
+        return state
+
+    def _raw_state(self) -> str:
         found = self.engine.catalog.query_one(
             "SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)
         )
@@ -83,7 +100,34 @@ class EmbeddedTransaction(Transaction):
             raise TxnNotFound(self.txn_id)
         return found[0]
 
+    def _settled_state(self) -> str:
+        """The state, once a one-segment commit left `landing` by a process that died has been
+        settled: committed if its block landed whole, else open again. A live committer holds
+        the segment's lock while it lands, so taking the lock waits for it."""
+        state = self._raw_state()
+        if state != "landing":
+            return state
+        found = self.engine.catalog.query_one(
+            "SELECT segment FROM txn_segments WHERE txn_id=? AND appended_at IS NOT NULL",
+            (self.txn_id,),
+        )
+        if found is None:  # committed meanwhile (`commit_landed` rewrote the rows)
+            return self._raw_state()
+        with self.engine.segment_file(self.row, found[0]).locked():
+            if self._raw_state() == "landing":
+                self.engine.catch_up(self.row, found[0])  # a whole block commits it
+                if self._raw_state() == "landing":
+                    self._unland()
+        return self._raw_state()
+
+    def _catch_up_all(self) -> None:
+        """Index every segment's new blocks: a block of this transaction commits it."""
+        for segment, _, _ in self.engine.segments(self.row):
+            if self.engine.segment_file(self.row, segment).path.exists():
+                self.engine.catch_up(self.row, segment)
+
     def _require_open(self, action: str) -> None:
+        self._settled_state()
         state, expiry = self.engine.catalog.query_one(
             "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
         )
@@ -187,22 +231,178 @@ class EmbeddedTransaction(Transaction):
             self._body_path(segment).unlink(missing_ok=True)
 
     def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
-        state = self.state()
+        state = self._settled_state()
         if state == "committed":
+            self._remove_bodies()  # left behind by a process that died right after its commit
             return
         if state == "open":
             self.engine.check_writable(self.row)
+            if self._commit_one_segment(time_bounds):
+                return
             flushed = self._write_pending()
-            while not self._enter_committing(flushed, time_bounds):
+            while (outcome := self._enter_committing(flushed, time_bounds)) == "rebase":
                 flushed = []
                 self._rebase()
+            if outcome == "committed":
+                return
         elif state != "committing":
             raise TxnFailed(self.txn_id, state, f"it was {state}")
         self._roll_forward()
 
-    def _enter_committing(self, flushed: list[BodyRow], bounds: tuple[int, int] | None) -> bool:
-        """Record the events just flushed, enter `committing` and land the blocks; False (the
-        flushed events recorded, nothing landed) if a target segment is sealed: rebase first.
+    def _commit_one_segment(self, time_bounds: tuple[int, int] | None) -> bool:
+        """Commit a transaction whose events all go to one segment with one synced write:
+        its block (the flushed body, then the events still in memory) appended at the valid
+        end, under the segment's lock. False, with nothing done, when it targets several
+        segments or none, or its segment was sealed (then rebase: the general path).
+
+        `landing` and `appended_at` are recorded first (synchronous=NORMAL: they survive a
+        `kill -9`, and they fence off `abort` and a concurrent commit), then the block is
+        appended and fsynced, then `committed` is recorded (NORMAL) with the block's index
+        row. The block is the durable truth: a crash or power cut after it leaves a
+        transaction that `commit_landed` records committed (any catch-up of the segment, or
+        `_settled_state`); one before it leaves `landing` (or `open`) with no whole block,
+        which `_settled_state` puts back to `open`."""
+        recorded = {
+            seg: (body_len, events, crc)
+            for seg, body_len, events, crc in self.engine.catalog.query(
+                "SELECT segment, body_len, events, body_crc FROM txn_segments WHERE txn_id=?",
+                (self.txn_id,),
+            )
+        }
+        targets = set(recorded) | set(self._pending)
+        if len(targets) != 1:
+            return False
+        (segment,) = targets
+        segfile = self.engine.segment_file(self.row, segment)
+        with segfile.locked():
+            at = self.engine.catch_up(self.row, segment)
+            self.engine.settle_tail(self.row, segment, at)
+            self.engine.check_undamaged(self.row, segment)  # raises; the events stay pending
+            ingest_ns = now_ns()
+            outcome = self._mark_landing(segment, at, ingest_ns, time_bounds)
+            if outcome == "sealed":
+                return False
+            if outcome == "land":
+                try:
+                    flushed = recorded.get(segment, (0, 0, 0))
+                    header = self._land_one(
+                        segfile, at, segment, flushed, ingest_ns=ingest_ns, bounds=time_bounds
+                    )
+                except BaseException:
+                    with suppress(Exception):  # else `_settled_state` does it later
+                        self._unland()
+                    raise
+                self._pending.clear()
+                self._mark_landed(segment, header)
+        self._pending.clear()
+        if segment in recorded:
+            self._body_path(segment).unlink(missing_ok=True)
+        return True
+
+    def _mark_landing(
+        self, segment: int, at: int, ingest_ns: int, time_bounds: tuple[int, int] | None
+    ) -> str:
+        """One catalog transaction (NORMAL): unless the transaction is no longer open (it is
+        `committed` by a block found at catch-up; otherwise refused) or its segment is sealed,
+        record it `landing` at `at` of `segment` with the commit's ingest time and bounds."""
+        t_min, t_max = time_bounds if time_bounds is not None else (None, None)
+        with self.engine.catalog.write(self.engine.catalog.index) as db:
+            state, expiry = db.execute(
+                "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
+            ).fetchone()
+            if state == "open" and now_ns() > expiry:
+                state = "expired"
+            elif state == "open" and self._sealed(db, segment):
+                state = "sealed"
+            elif state == "open":
+                state = "land"
+                db.execute(
+                    "UPDATE txns SET state='landing', ingest_ns=?, t_min=?, t_max=? WHERE txn_id=?",
+                    (ingest_ns, t_min, t_max, self.txn_id),
+                )
+                db.execute(
+                    "INSERT INTO txn_segments(txn_id, segment, appended_at) VALUES (?, ?, ?)"
+                    " ON CONFLICT DO UPDATE SET appended_at=excluded.appended_at",
+                    (self.txn_id, segment, at),
+                )
+        if state in ("expired", "aborted", "committing", "landing"):
+            self._refuse(state)
+        return state
+
+    def _sealed(self, db: sqlite3.Cursor, segment: int) -> bool:
+        return bool(
+            db.execute(
+                "SELECT sealed FROM segments WHERE stream_id=? AND segment=?",
+                (self.row.id, segment),
+            ).fetchone()[0]
+        )
+
+    def _land_one(
+        self,
+        segfile: SegmentFile,
+        at: int,
+        segment: int,
+        flushed: tuple[int, int, int],
+        *,
+        ingest_ns: int,
+        bounds: tuple[int, int] | None,
+    ) -> BlockHeader:
+        """Append, at `at`, one block of the flushed body (checked against its recorded
+        length and CRC) and the pending events, and fsync it; return its header."""
+        body_len, events, crc = flushed
+        chunks = self._checked_body(segment, body_len, crc)
+        frames = self._pending.get(segment, [])
+        for frame in frames:
+            crc = crc32(frame, crc)
+        body_len += sum(len(f) for f in frames)
+        header = self._header(ingest_ns, bounds, body_len, events + len(frames), crc)
+        end = segfile.append(at, [header, *chunks, *frames])
+        parsed = parse_header(header, 0, at)
+        assert parsed is not None and parsed.end == end
+        return parsed
+
+    def _mark_landed(self, segment: int, header: BlockHeader) -> None:
+        """Index the landed block and record `committed` (NORMAL: the block is durable and
+        commits the transaction by itself; see `engine.commit_landed`)."""
+        with self.engine.catalog.write(self.engine.catalog.index) as db:
+            self.engine.insert_index(db, self.row, segment, [header])
+            db.execute(
+                "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?"
+                " AND state='landing'",
+                (now_ns(), self.txn_id),
+            )
+            db.execute(
+                "UPDATE txn_segments SET done=1 WHERE txn_id=? AND segment=?",
+                (self.txn_id, segment),
+            )
+
+    def _unland(self) -> None:
+        """Put a `landing` transaction whose block never landed whole back to `open` (its
+        flushed events stay; the events that were only in the dead process's memory are gone,
+        never acknowledged). The caller holds the segment's lock, or owns the landing."""
+        with self.engine.catalog.write(self.engine.catalog.index) as db:
+            reopened = db.execute(
+                "UPDATE txns SET state='open', ingest_ns=NULL, t_min=NULL, t_max=NULL"
+                " WHERE txn_id=? AND state='landing'",
+                (self.txn_id,),
+            ).rowcount
+            if not reopened:
+                return
+            db.execute(
+                "DELETE FROM txn_segments WHERE txn_id=? AND body_len=0 AND done=0",
+                (self.txn_id,),
+            )
+            db.execute(
+                "UPDATE txn_segments SET appended_at=NULL WHERE txn_id=? AND done=0",
+                (self.txn_id,),
+            )
+
+    def _enter_committing(
+        self, flushed: list[BodyRow], bounds: tuple[int, int] | None
+    ) -> Literal["landed", "rebase", "committed"]:
+        """Record the events just flushed, enter `committing` and land the blocks; "rebase"
+        (the flushed events recorded, nothing landed) if a target segment is sealed: rebase
+        first; "committed" if a block of it was found at catch-up (`engine.commit_landed`).
 
         The target segments' locks are taken first, in segment order as a scale takes them, so
         that one catalog transaction (FULL) can record the flushed bodies, `committing` and each
@@ -220,20 +420,21 @@ class EmbeddedTransaction(Transaction):
                 locks.enter_context(self.engine.segment_file(self.row, seg).locked())
             ends = {seg: self.engine.catch_up(self.row, seg) for seg in segments}
             landing = self._mark_committing(flushed, ends, bounds)
-            if landing is None:
-                return False
+            if landing is None or landing == "committed":
+                return landing or "rebase"
             for segment, header, body in landing:
                 self._append(segment, header, body)
                 self._mark_done(segment)
-        return True
+        return "landed"
 
     def _mark_committing(
         self, flushed: list[BodyRow], ends: dict[int, int], time_bounds: tuple[int, int] | None
-    ) -> list[tuple[int, bytes, tuple[int, int]]] | None:
-        """One catalog transaction: record `flushed`; unless a target segment is sealed (None)
-        or damaged (`SegmentDamaged`, the transaction stays open and commits once `repair` has
-        run), enter `committing` with `ends` as the segments' `appended_at`. Returns each
-        segment's block header and recorded body (length, CRC) to append at its end."""
+    ) -> list[tuple[int, bytes, tuple[int, int]]] | Literal["committed"] | None:
+        """One catalog transaction: record `flushed`; unless it is committed already (by a
+        block found at catch-up: "committed"), a target segment is sealed (None) or damaged
+        (`SegmentDamaged`, the transaction stays open and commits once `repair` has run), enter
+        `committing` with `ends` as the segments' `appended_at`. Returns each segment's block
+        header and recorded body (length, CRC) to append at its end."""
         t_min, t_max = time_bounds if time_bounds is not None else (None, None)
         ingest_ns, blocked, rows = now_ns(), None, []
         with self.engine.catalog.write() as db:
@@ -262,7 +463,9 @@ class EmbeddedTransaction(Transaction):
                     " WHERE txn_id=? AND done=0 ORDER BY segment",
                     (self.txn_id,),
                 ).fetchall()
-        if blocked in ("expired", "aborted", "committing", "committed"):
+        if blocked == "committed":
+            return "committed"
+        if blocked in ("expired", "aborted", "committing", "landing"):
             return self._refuse(blocked)
         self._pending.clear()  # recorded: never written again
         if blocked == "sealed":
@@ -285,6 +488,8 @@ class EmbeddedTransaction(Transaction):
         if why == "aborted":
             self._pending.clear()
             self._remove_bodies()  # what we flushed just now, after the abort removed the rest
+        if why == "landing":  # another process is committing it right now
+            why = "committing"
         raise TxnFailed(self.txn_id, why, f"it is {why}, so it cannot be committed")
 
     def _blocked(self, db: sqlite3.Cursor) -> str | tuple[int, int, str] | None:
@@ -358,15 +563,20 @@ class EmbeddedTransaction(Transaction):
     def _append(self, segment: int, header: bytes, body: tuple[int, int]) -> None:
         """Append the block at the segment's valid end, which `appended_at` names (caller holds
         the lock); the body is read back and checked against its recorded length and CRC."""
-        body_len, body_crc = body
+        chunks = self._checked_body(segment, *body)
+        self.engine.append_block(self.row, segment, header, chunks)
+
+    def _checked_body(self, segment: int, body_len: int, body_crc: int) -> list[bytes]:
+        """The flushed body of a segment, checked against its recorded length and CRC: never
+        land a block that would fail its own checksum."""
         chunks = self._body(segment, body_len)
         found = 0
         for chunk in chunks:
             found = crc32(chunk, found)
-        if found != body_crc:  # never land a block that would fail its own checksum
+        if found != body_crc:
             msg = f"its flushed events for segment {segment} are damaged (checksum mismatch)"
             raise TxnFailed(self.txn_id, "committing", msg)
-        self.engine.append_block(self.row, segment, header, chunks)
+        return chunks
 
     def _block_is_mine(self, segment: int, offset: int) -> bool:
         block = self.engine.block_at(self.row, segment, offset)
@@ -403,15 +613,25 @@ class EmbeddedTransaction(Transaction):
             path.unlink(missing_ok=True)
 
     def abort(self) -> None:
-        with self.engine.catalog.write() as db:
-            state = db.execute("SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)).fetchone()[
-                0
-            ]
-            if state in ("committing", "committed"):
-                raise TxnFailed(self.txn_id, state, "it is already committed; it cannot be aborted")
-            db.execute(
-                "UPDATE txns SET state='aborted', finished_ns=? WHERE txn_id=?",
-                (now_ns(), self.txn_id),
-            )
+        """Abort, unless it is committed or being committed (`TxnFailed`). An open transaction
+        is aborted only once every segment is caught up: a block of it that a power cut left
+        in a segment, with the catalog rows that said so lost, commits it instead."""
+        while (state := self._settled_state()) == "open" or state == "landing":
+            self._catch_up_all()
+            if self._abort_if_open():
+                break
+        if state in ("committing", "committed"):
+            raise TxnFailed(self.txn_id, state, "it is already committed; it cannot be aborted")
         self._pending.clear()
         self._remove_bodies()
+
+    def _abort_if_open(self) -> bool:
+        """Record `aborted` if the transaction is still open; False if a commit started."""
+        with self.engine.catalog.write() as db:
+            return bool(
+                db.execute(
+                    "UPDATE txns SET state='aborted', finished_ns=? WHERE txn_id=?"
+                    " AND state='open'",
+                    (now_ns(), self.txn_id),
+                ).rowcount
+            )

@@ -193,7 +193,11 @@ def fill_catalog(catalog: Catalog, store_id: str, manifests: dict[int, StreamMan
     with catalog.write() as db:
         db.executemany(
             "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-            [("format_version", FORMAT_VERSION), ("store_id", store_id)],
+            [
+                ("format_version", FORMAT_VERSION),
+                ("store_id", store_id),
+                ("rebuilt_ns", str(now_ns())),  # transaction ids issued before: not rebuilt
+            ],
         )
         for m in manifests.values():
             db.execute(

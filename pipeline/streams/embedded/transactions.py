@@ -1,5 +1,6 @@
 """Transactions of the embedded store: durable, atomic, contiguous, committable after a crash.
 
+    begin --> open (synchronous=NORMAL: the id carries the row, see `txn_ids`)
     open --flush--> (events fsynced in txn/<id>.<segment>.body, length+CRC in txn_segments)
     open --commit, one segment--> landing --(its block appended, fsynced)--> committed
     open --commit, several--> committing --(one block per segment appended)--> committed
@@ -19,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
-import uuid
 from collections import defaultdict
 from contextlib import ExitStack, suppress
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Literal, NoReturn
 
 from pipeline.durable import fsync_dir
 from pipeline.streams.api import Transaction, TxnState
+from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.blocks import (
     BadBlock,
     BlockHeader,
@@ -55,24 +56,42 @@ class EmbeddedTransaction(Transaction):
 
     @classmethod
     def begin(cls, engine: Engine, row: StreamRow, lease_seconds: float) -> EmbeddedTransaction:
+        """Record the transaction `open` with synchronous=NORMAL: its id carries the row, so
+        a power cut that loses it loses nothing (`txn_ids`)."""
         engine.check_writable(row)
-        txn_id = uuid.uuid4().hex
         created = now_ns()
-        with engine.catalog.write() as db:
-            db.execute(
-                "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
-                " VALUES (?, ?, 'open', ?, ?)",
-                (txn_id, row.id, created, created + int(lease_seconds * 1e9)),
-            )
+        expiry = created + int(lease_seconds * 1e9)
+        txn_id = txn_ids.issue(engine.store_id, row.id, created, expiry)
+        with engine.catalog.write(engine.catalog.index) as db:
+            cls._insert_open(db, txn_id, row.id, created, expiry)
         return cls(engine, row, txn_id)
+
+    @staticmethod
+    def _insert_open(
+        db: sqlite3.Cursor, txn_id: str, stream_id: int, created: int, expiry: int
+    ) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
+            " VALUES (?, ?, 'open', ?, ?)",
+            (txn_id, stream_id, created, expiry),
+        )
 
     @classmethod
     def lookup(cls, engine: Engine, row: StreamRow, txn_id: str) -> EmbeddedTransaction:
-        found = engine.catalog.query_one(
-            "SELECT stream_id FROM txns WHERE txn_id=?", (str(txn_id),)
-        )
-        if found is None or found[0] != row.id:
-            raise TxnNotFound(str(txn_id))
+        """The transaction `txn_id` of this stream. An id this store issued whose begin row a
+        power cut lost is `open` again, unless it was issued before `repair` rebuilt the
+        catalog: then the catalog lost more than a begin row, and the id is not found."""
+        txn_id = str(txn_id)
+        found = engine.catalog.query_one("SELECT stream_id FROM txns WHERE txn_id=?", (txn_id,))
+        if found is None:
+            begun = txn_ids.begin_row(engine.store_id, row.id, txn_id)
+            rebuilt = engine.catalog.query_one("SELECT value FROM meta WHERE key='rebuilt_ns'")
+            if begun is None or (rebuilt is not None and begun[0] < int(rebuilt[0])):
+                raise TxnNotFound(txn_id)
+            with engine.catalog.write(engine.catalog.index) as db:
+                cls._insert_open(db, txn_id, row.id, *begun)
+        elif found[0] != row.id:
+            raise TxnNotFound(txn_id)
         return cls(engine, row, txn_id)
 
     @property
@@ -233,6 +252,7 @@ class EmbeddedTransaction(Transaction):
     def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
         state = self._settled_state()
         if state == "committed":
+            self._refuse_late_events()
             self._remove_bodies()  # left behind by a process that died right after its commit
             return
         if state == "open":
@@ -244,6 +264,7 @@ class EmbeddedTransaction(Transaction):
                 flushed = []
                 self._rebase()
             if outcome == "committed":
+                self._refuse_late_events()
                 return
         elif state != "committing":
             raise TxnFailed(self.txn_id, state, f"it was {state}")
@@ -282,6 +303,8 @@ class EmbeddedTransaction(Transaction):
             outcome = self._mark_landing(segment, at, ingest_ns, time_bounds)
             if outcome == "sealed":
                 return False
+            if outcome == "committed":
+                self._refuse_late_events()
             if outcome == "land":
                 try:
                     flushed = recorded.get(segment, (0, 0, 0))
@@ -298,6 +321,12 @@ class EmbeddedTransaction(Transaction):
         if segment in recorded:
             self._body_path(segment).unlink(missing_ok=True)
         return True
+
+    def _refuse_late_events(self) -> None:
+        """Committing again is a no-op, but events written since cannot join the commit."""
+        if self._pending:
+            msg = "it was committed already; the events written since cannot join it"
+            raise TxnFailed(self.txn_id, "committed", msg)
 
     def _mark_landing(
         self, segment: int, at: int, ingest_ns: int, time_bounds: tuple[int, int] | None

@@ -215,3 +215,21 @@ def test_a_power_cut_after_a_commit_keeps_it_committed(store_dir, before_begin):
         again.commit()
         assert [e.payload for e in store.read(STREAM)] == [b"kept"]
         assert store.verify().ok
+
+
+def test_blocks_of_more_events_than_one_write_takes(store):
+    """A block of more events than `pwritev` takes buffers (IOV_MAX, 1024 on Linux) is written
+    in several calls: a writer's flush and a one-segment commit from memory."""
+    store.create_stream(STREAM)
+    with store.writer(STREAM) as w:
+        for i in range(3000):
+            w.write(f"w{i}".encode(), routing_key="k")
+    txn = store.begin_transaction(STREAM)
+    for i in range(3000):
+        txn.write(f"t{i}".encode(), routing_key="k")
+    txn.commit()
+    payloads = [e.payload for e in store.read(STREAM)]
+    assert payloads == [f"w{i}".encode() for i in range(3000)] + [
+        f"t{i}".encode() for i in range(3000)
+    ]
+    assert store.verify().ok

@@ -3,6 +3,7 @@ nothing is duplicated or reordered, and no partial event is ever visible."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import random
 import shutil
@@ -14,6 +15,7 @@ import textwrap
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -338,4 +340,75 @@ def test_power_cut_after_a_one_segment_commit_keeps_it(tmp_path, lost_from, flus
             txn.abort()
         txn.commit()
         assert [e.payload for e in store.read("cut/one")] == [f"e{i}".encode() for i in range(9)]
+        assert store.verify().ok
+
+
+def _commit_by_id(store_dir: str, stream: str, txn_id: str, start: Any) -> None:
+    with open_store(f"embedded:{store_dir}") as store:
+        txn = store.get_transaction(stream, txn_id)
+        start.wait()
+        txn.commit()
+
+
+@pytest.mark.parametrize("segments", [1, 2], ids=["one segment", "two segments"])
+def test_two_processes_committing_one_transaction_land_it_once(tmp_path, segments):
+    """A retried commit racing the first (two drivers, say) lands the events exactly once,
+    whether the transaction lands in one segment (its block is the commit) or in two."""
+    store_dir, stream = tmp_path / "streams", "race/one"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream(stream, segments=2)
+        expected = []
+        for round_ in range(12):
+            txn = store.begin_transaction(stream)
+            for i in range(5):
+                key = "k" if segments == 1 else f"k{i}"
+                txn.write(f"r{round_}e{i}".encode(), routing_key=key)
+                expected.append(f"r{round_}e{i}".encode())
+            txn.flush()
+            start = mp.Barrier(2)
+            procs = [
+                mp.Process(target=_commit_by_id, args=(str(store_dir), stream, txn.txn_id, start))
+                for _ in range(2)
+            ]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+                assert proc.exitcode == 0
+            assert txn.state() == "committed"
+        assert sorted(e.payload for e in store.read(stream)) == sorted(expected), "exactly once"
+        assert store.verify().ok
+
+
+@pytest.mark.parametrize("dies", ["before any block", "after the first block"])
+def test_two_processes_rolling_a_crashed_commit_forward_land_it_once(tmp_path, dies):
+    """A commit over four segments died half-way; two processes then commit it at once, while
+    a writer appends to the same segments: every event lands exactly once."""
+    store_dir, stream = tmp_path / "streams", "race/crashed"
+    patch = (
+        "from pipeline.streams.embedded import engine as e;"
+        "e.Engine.append_block = lambda *a, **k: os._exit(9)"
+        if dies == "before any block"
+        else "from pipeline.streams.embedded import transactions as t;"
+        "t.EmbeddedTransaction._mark_done = lambda self, seg: os._exit(9)"
+    )
+    txn_id = commit_dying_at(store_dir, stream, 4, patch, events=40)
+    with open_store(f"embedded:{store_dir}") as store, store.writer(stream) as w:
+        for i in range(8):  # other blocks land where the dead commit meant to land its own
+            w.write(f"w{i}".encode(), routing_key=f"k{i}")
+    start = mp.Barrier(2)
+    procs = [
+        mp.Process(target=_commit_by_id, args=(str(store_dir), stream, txn_id, start))
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+        assert proc.exitcode == 0
+    with open_store(f"embedded:{store_dir}") as store:
+        payloads = sorted(e.payload for e in store.read(stream))
+        expected = [f"e{i}".encode() for i in range(40)] + [f"w{i}".encode() for i in range(8)]
+        assert payloads == sorted(expected), "exactly once"
+        assert store.get_transaction(stream, txn_id).state() == "committed"
         assert store.verify().ok

@@ -263,8 +263,9 @@ class EmbeddedTransaction(Transaction):
             while (outcome := self._enter_committing(flushed, time_bounds)) == "rebase":
                 flushed = []
                 self._rebase()
-            if outcome == "committed":
+            if outcome in ("committed", "committing"):  # another commit of it got there first
                 self._refuse_late_events()
+            if outcome == "committed":
                 return
         elif state != "committing":
             raise TxnFailed(self.txn_id, state, f"it was {state}")
@@ -301,10 +302,10 @@ class EmbeddedTransaction(Transaction):
             self.engine.check_undamaged(self.row, segment)  # raises; the events stay pending
             ingest_ns = now_ns()
             outcome = self._mark_landing(segment, at, ingest_ns, time_bounds)
-            if outcome == "sealed":
-                return False
-            if outcome == "committed":
+            if outcome in ("committed", "committing"):  # another commit of it got there first
                 self._refuse_late_events()
+            if outcome in ("sealed", "committing"):  # rebase, or roll the other one forward
+                return False
             if outcome == "land":
                 try:
                     flushed = recorded.get(segment, (0, 0, 0))
@@ -332,8 +333,9 @@ class EmbeddedTransaction(Transaction):
         self, segment: int, at: int, ingest_ns: int, time_bounds: tuple[int, int] | None
     ) -> str:
         """One catalog transaction (NORMAL): unless the transaction is no longer open (it is
-        `committed` by a block found at catch-up; otherwise refused) or its segment is sealed,
-        record it `landing` at `at` of `segment` with the commit's ingest time and bounds."""
+        `committed` by a block found at catch-up, or `committing` by another commit; otherwise
+        refused) or its segment is sealed, record it `landing` at `at` of `segment` with the
+        commit's ingest time and bounds ("land")."""
         t_min, t_max = time_bounds if time_bounds is not None else (None, None)
         with self.engine.catalog.write(self.engine.catalog.index) as db:
             state, expiry = db.execute(
@@ -354,7 +356,7 @@ class EmbeddedTransaction(Transaction):
                     " ON CONFLICT DO UPDATE SET appended_at=excluded.appended_at",
                     (self.txn_id, segment, at),
                 )
-        if state in ("expired", "aborted", "committing", "landing"):
+        if state in ("expired", "aborted", "landing"):
             self._refuse(state)
         return state
 
@@ -428,10 +430,11 @@ class EmbeddedTransaction(Transaction):
 
     def _enter_committing(
         self, flushed: list[BodyRow], bounds: tuple[int, int] | None
-    ) -> Literal["landed", "rebase", "committed"]:
+    ) -> Literal["landed", "rebase", "committed", "committing"]:
         """Record the events just flushed, enter `committing` and land the blocks; "rebase"
         (the flushed events recorded, nothing landed) if a target segment is sealed: rebase
-        first; "committed" if a block of it was found at catch-up (`engine.commit_landed`).
+        first; "committed" if a block of it was found at catch-up (`engine.commit_landed`),
+        "committing" if another commit of it entered `committing` first (roll it forward).
 
         The target segments' locks are taken first, in segment order as a scale takes them, so
         that one catalog transaction (FULL) can record the flushed bodies, `committing` and each
@@ -449,7 +452,7 @@ class EmbeddedTransaction(Transaction):
                 locks.enter_context(self.engine.segment_file(self.row, seg).locked())
             ends = {seg: self.engine.catch_up(self.row, seg) for seg in segments}
             landing = self._mark_committing(flushed, ends, bounds)
-            if landing is None or landing == "committed":
+            if landing is None or isinstance(landing, str):
                 return landing or "rebase"
             for segment, header, body in landing:
                 self._append(segment, header, body)
@@ -458,9 +461,10 @@ class EmbeddedTransaction(Transaction):
 
     def _mark_committing(
         self, flushed: list[BodyRow], ends: dict[int, int], time_bounds: tuple[int, int] | None
-    ) -> list[tuple[int, bytes, tuple[int, int]]] | Literal["committed"] | None:
+    ) -> list[tuple[int, bytes, tuple[int, int]]] | Literal["committed", "committing"] | None:
         """One catalog transaction: record `flushed`; unless it is committed already (by a
-        block found at catch-up: "committed"), a target segment is sealed (None) or damaged
+        block found at catch-up: "committed") or another commit of it entered `committing`
+        ("committing", nothing recorded), a target segment is sealed (None) or damaged
         (`SegmentDamaged`, the transaction stays open and commits once `repair` has run), enter
         `committing` with `ends` as the segments' `appended_at`. Returns each segment's block
         header and recorded body (length, CRC) to append at its end."""
@@ -492,9 +496,9 @@ class EmbeddedTransaction(Transaction):
                     " WHERE txn_id=? AND done=0 ORDER BY segment",
                     (self.txn_id,),
                 ).fetchall()
-        if blocked == "committed":
-            return "committed"
-        if blocked in ("expired", "aborted", "committing", "landing"):
+        if blocked in ("committed", "committing"):
+            return blocked
+        if blocked in ("expired", "aborted", "landing"):
             return self._refuse(blocked)
         self._pending.clear()  # recorded: never written again
         if blocked == "sealed":
@@ -556,13 +560,13 @@ class EmbeddedTransaction(Transaction):
         )
         bounds = (t_min, t_max) if t_min is not None else None
         rows = self.engine.catalog.query(
-            "SELECT segment, body_len, events, body_crc, appended_at FROM txn_segments"
+            "SELECT segment, body_len, events, body_crc FROM txn_segments"
             " WHERE txn_id=? AND done=0 ORDER BY segment",
             (self.txn_id,),
         )
-        for segment, body_len, events, crc, appended_at in rows:
+        for segment, body_len, events, crc in rows:
             header = self._header(ingest_ns, bounds, body_len, events, crc)
-            self._land(segment, header, (body_len, crc), appended_at)
+            self._land(segment, header, (body_len, crc))
         with self.engine.catalog.write() as db:
             db.execute(
                 "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?",
@@ -570,14 +574,19 @@ class EmbeddedTransaction(Transaction):
             )
         self._remove_bodies()
 
-    def _land(
-        self, segment: int, header: bytes, body: tuple[int, int], appended_at: int | None
-    ) -> None:
+    def _land(self, segment: int, header: bytes, body: tuple[int, int]) -> None:
         """Append this transaction's block to one segment unless an earlier try already did;
-        `body` is the recorded (length, CRC) of its flushed events."""
+        `body` is the recorded (length, CRC) of its flushed events. `appended_at` is read
+        under the lock: another process rolling the same commit forward may have moved it
+        and landed the block there since this one listed what was left to land."""
         segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
             at = self.engine.catch_up(self.row, segment)
+            found = self.engine.catalog.query_one(
+                "SELECT appended_at FROM txn_segments WHERE txn_id=? AND segment=?",
+                (self.txn_id, segment),
+            )
+            appended_at = found[0] if found else None
             if appended_at is not None and self._block_is_mine(segment, appended_at):
                 self._mark_done(segment)
                 return

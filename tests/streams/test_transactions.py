@@ -74,7 +74,7 @@ def test_a_one_segment_transaction_costs_one_sync(store, monkeypatch):
     txn.write(b"a" * 65536, routing_key="k")
     txn.write(b"b", routing_key="k")
     txn.commit()
-    assert counts == {"files": 1, "catalog": 0}, "begin (NORMAL) + the block's fdatasync"
+    assert counts == {"files": 1, "catalog": 0}, "the block's fdatasync, nothing else"
     assert [e.payload for e in store.read(STREAM)] == [b"first", b"a" * 65536, b"b"]
     assert txn.state() == "committed"
 
@@ -128,6 +128,8 @@ def test_events_written_after_a_commit_are_refused_not_dropped(store_dir, before
 
 
 def test_a_begin_lost_in_a_power_cut_is_open_again(store_dir, before_begin):
+    """A transaction the catalog has no row of (a begin records none; a power cut can lose a
+    row written with synchronous=NORMAL) is found open from its id, in any process."""
     with open_store(f"embedded:{store_dir}") as store:
         txn = store.begin_transaction(STREAM)
     power_cut(store_dir, before_begin)
@@ -233,3 +235,19 @@ def test_blocks_of_more_events_than_one_write_takes(store):
         f"t{i}".encode() for i in range(3000)
     ]
     assert store.verify().ok
+
+
+def test_a_transaction_with_no_row_yet_is_shared_by_id(store_dir):
+    """A begin records nothing: another handle finds the transaction by id, open, and an abort
+    there is final for the handle that began it."""
+    with open_store(f"embedded:{store_dir}") as first, open_store(f"embedded:{store_dir}") as other:
+        first.create_stream(STREAM)
+        txn = first.begin_transaction(STREAM)
+        txn.write(b"never", routing_key="k")
+        found = other.get_transaction(STREAM, txn.txn_id)
+        assert found.state() == "open"
+        found.abort()
+        with pytest.raises(TxnFailed, match="it was aborted"):
+            txn.commit()
+        assert txn.state() == "aborted"
+        assert list(first.read(STREAM)) == []

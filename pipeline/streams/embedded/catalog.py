@@ -8,7 +8,8 @@ typed error from every query and write):
   segment files (each block header carries what the index holds), so an index row lost in a
   power cut is rebuilt by the next catch-up scan; a data block is fsynced before it is indexed.
   Also the transaction rows a power cut may lose because something else rebuilds them: a
-  begin (from its id), a one-segment commit's `landing` and `committed` (from its block).
+  one-segment commit's `landing` and `committed` (from its block; an `open` row from the
+  transaction's id, `txn_ids.py`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Transactions of the embedded store: durable, atomic, contiguous, committable after a crash.
 
-    begin --> open (synchronous=NORMAL: the id carries the row, see `txn_ids`)
+    begin --> open (nothing written: the id carries the row, see `txn_ids`)
     open --flush--> (events fsynced in txn/<id>.<segment>.body, length+CRC in txn_segments)
     open --commit, one segment--> landing --(its block appended, fsynced)--> committed
     open --commit, several--> committing --(one block per segment appended)--> committed
@@ -56,43 +56,51 @@ class EmbeddedTransaction(Transaction):
 
     @classmethod
     def begin(cls, engine: Engine, row: StreamRow, lease_seconds: float) -> EmbeddedTransaction:
-        """Record the transaction `open` with synchronous=NORMAL: its id carries the row, so
-        a power cut that loses it loses nothing (`txn_ids`)."""
+        """Issue the transaction's id and write nothing: the id carries its `open` row
+        (`txn_ids`), which the first catalog write about it records (a flush, the commit, an
+        abort); until then every process reads the row from the id."""
         engine.check_writable(row)
         created = now_ns()
         expiry = created + int(lease_seconds * 1e9)
-        txn_id = txn_ids.issue(engine.store_id, row.id, created, expiry)
-        with engine.catalog.write(engine.catalog.index) as db:
-            cls._insert_open(db, txn_id, row.id, created, expiry)
-        return cls(engine, row, txn_id)
-
-    @staticmethod
-    def _insert_open(
-        db: sqlite3.Cursor, txn_id: str, stream_id: int, created: int, expiry: int
-    ) -> None:
-        db.execute(
-            "INSERT OR IGNORE INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
-            " VALUES (?, ?, 'open', ?, ?)",
-            (txn_id, stream_id, created, expiry),
-        )
+        return cls(engine, row, txn_ids.issue(engine.store_id, row.id, created, expiry))
 
     @classmethod
     def lookup(cls, engine: Engine, row: StreamRow, txn_id: str) -> EmbeddedTransaction:
-        """The transaction `txn_id` of this stream. An id this store issued whose begin row a
-        power cut lost is `open` again, unless it was issued before `repair` rebuilt the
-        catalog: then the catalog lost more than a begin row, and the id is not found."""
-        txn_id = str(txn_id)
-        found = engine.catalog.query_one("SELECT stream_id FROM txns WHERE txn_id=?", (txn_id,))
+        """The transaction `txn_id` of this stream: one the catalog knows, or one whose id
+        this store issued for this stream (its row not recorded yet, or lost in a power cut),
+        unless it was issued before `repair` rebuilt the catalog (that catalog lost more than
+        a begin row); else `TxnNotFound`."""
+        txn = cls(engine, row, str(txn_id))
+        txn._raw_state()
+        return txn
+
+    def _carried(self) -> tuple[int, int]:
+        """(created_ns, lease_expiry_ns) that the id carries, for a transaction the catalog
+        has no row of; `TxnNotFound` if it carries none for this stream of this store, or
+        predates the catalog's last rebuild."""
+        begun = txn_ids.begin_row(self.engine.store_id, self.row.id, self.txn_id)
+        rebuilt = self.engine.catalog.query_one("SELECT value FROM meta WHERE key='rebuilt_ns'")
+        if begun is None or (rebuilt is not None and begun[0] < int(rebuilt[0])):
+            raise TxnNotFound(self.txn_id)
+        return begun
+
+    def _state_row(self, db: sqlite3.Cursor) -> tuple[str, int]:
+        """State and lease expiry inside a catalog write; the `open` row the id carries is
+        recorded in it if the catalog has none yet."""
+        found = db.execute(
+            "SELECT state, lease_expiry_ns, stream_id FROM txns WHERE txn_id=?", (self.txn_id,)
+        ).fetchone()
         if found is None:
-            begun = txn_ids.begin_row(engine.store_id, row.id, txn_id)
-            rebuilt = engine.catalog.query_one("SELECT value FROM meta WHERE key='rebuilt_ns'")
-            if begun is None or (rebuilt is not None and begun[0] < int(rebuilt[0])):
-                raise TxnNotFound(txn_id)
-            with engine.catalog.write(engine.catalog.index) as db:
-                cls._insert_open(db, txn_id, row.id, *begun)
-        elif found[0] != row.id:
-            raise TxnNotFound(txn_id)
-        return cls(engine, row, txn_id)
+            created, expiry = self._carried()
+            db.execute(
+                "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
+                " VALUES (?, ?, 'open', ?, ?)",
+                (self.txn_id, self.row.id, created, expiry),
+            )
+            return "open", expiry
+        if found[2] != self.row.id:
+            raise TxnNotFound(self.txn_id)
+        return found[0], found[1]
 
     @property
     def _dir(self) -> Path:
@@ -113,9 +121,12 @@ class EmbeddedTransaction(Transaction):
 
     def _raw_state(self) -> str:
         found = self.engine.catalog.query_one(
-            "SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)
+            "SELECT state, stream_id FROM txns WHERE txn_id=?", (self.txn_id,)
         )
         if found is None:
+            self._carried()
+            return "open"
+        if found[1] != self.row.id:
             raise TxnNotFound(self.txn_id)
         return found[0]
 
@@ -146,10 +157,11 @@ class EmbeddedTransaction(Transaction):
                 self.engine.catch_up(self.row, segment)
 
     def _require_open(self, action: str) -> None:
-        self._settled_state()
-        state, expiry = self.engine.catalog.query_one(
-            "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
+        state = self._settled_state()
+        found = self.engine.catalog.query_one(
+            "SELECT lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
         )
+        expiry = found[0] if found else self._carried()[1]
         if state != "open":
             raise TxnFailed(self.txn_id, state, f"it is {state}, so it cannot {action}")
         if now_ns() > expiry:
@@ -206,6 +218,7 @@ class EmbeddedTransaction(Transaction):
 
     def _record(self, rows: list[BodyRow], drop: tuple[int, ...] = ()) -> None:
         with self.engine.catalog.write() as db:
+            self._state_row(db)  # the flushed events' transaction is recorded with them
             self._upsert(db, rows)
             db.executemany(
                 "DELETE FROM txn_segments WHERE txn_id=? AND segment=?",
@@ -338,9 +351,7 @@ class EmbeddedTransaction(Transaction):
         commit's ingest time and bounds ("land")."""
         t_min, t_max = time_bounds if time_bounds is not None else (None, None)
         with self.engine.catalog.write(self.engine.catalog.index) as db:
-            state, expiry = db.execute(
-                "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
-            ).fetchone()
+            state, expiry = self._state_row(db)
             if state == "open" and now_ns() > expiry:
                 state = "expired"
             elif state == "open" and self._sealed(db, segment):
@@ -471,9 +482,7 @@ class EmbeddedTransaction(Transaction):
         t_min, t_max = time_bounds if time_bounds is not None else (None, None)
         ingest_ns, blocked, rows = now_ns(), None, []
         with self.engine.catalog.write() as db:
-            state, expiry = db.execute(
-                "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
-            ).fetchone()
+            state, expiry = self._state_row(db)
             if state != "open":
                 blocked = state
             elif now_ns() > expiry:
@@ -666,6 +675,7 @@ class EmbeddedTransaction(Transaction):
     def _abort_if_open(self) -> bool:
         """Record `aborted` if the transaction is still open; False if a commit started."""
         with self.engine.catalog.write() as db:
+            self._state_row(db)
             return bool(
                 db.execute(
                     "UPDATE txns SET state='aborted', finished_ns=? WHERE txn_id=?"

@@ -1,14 +1,14 @@
 """Transaction ids of the embedded store that carry their own `open` row.
 
-`begin` records a transaction with synchronous=NORMAL (no fsync): the row survives a `kill -9`
-but not always a power cut. The id makes up for it. It holds the random part, the creation
-time and the lease expiry, sealed with a keyed BLAKE2b over them and the stream's id (the key
-is the store id), so `get_transaction(stream, id)` can tell an id this store issued for this
-stream from any other string, and rebuild the row a power cut lost: `open`, nothing flushed.
-That is all such a transaction can be: a flush records its body with synchronous=FULL, which
-syncs the write-ahead log and the begin row with it; an abort is FULL too; a one-segment
-commit's block recreates the row `committed` (`engine.commit_landed`); a commit over several
-segments is `committing` (FULL) before anything lands.
+`begin` writes nothing to the catalog: the id is the `open` row, recorded by the first catalog
+write about the transaction (a flush, its commit, an abort). The id holds the random part,
+the creation time and the lease expiry, sealed with a keyed BLAKE2b over them and the stream's
+id (the key is the store id), so `get_transaction(stream, id)` can tell an id this store issued
+for this stream from any other string and read its row from it: `open`, nothing flushed. That
+is all a transaction without a row can be, also after a power cut: a flush records its row and
+body with synchronous=FULL; an abort is FULL too; a one-segment commit's block recreates the
+row `committed` (`engine.commit_landed`); a commit over several segments is `committing`
+(FULL) before anything lands.
 
     id = uuid4 hex (32) | created_ns (16 hex) | lease_expiry_ns (16 hex) | seal (16 hex)
 

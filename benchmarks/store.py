@@ -6,7 +6,9 @@
    processes (each its own routing key, a 4-segment stream), one flush per batch; the peer is
    the same processes writing the same bytes to plain files with one fdatasync per batch.
 2. Transaction commit latency p50/p99 (one 64 KiB event per transaction, begin-write-commit),
-   beside one pwrite+fdatasync of the same bytes.
+   beside one pwrite+fdatasync of the same bytes, taken in turns; and the syncs one such
+   transaction costs: the store's own `os.fsync`/`os.fdatasync` calls plus the catalog commits
+   made with synchronous=FULL (one WAL sync each), beside the peer's one `fdatasync`.
 3. Bounded read between two cuts (page cache), every block's CRC-32 and frames checked before
    its events are returned, vs reading the same bytes from a plain file (no checks), and vs
    the floor of a checked read that returns each event as its own bytes: the plain file read
@@ -113,25 +115,66 @@ def bench_appends(workdir: Path, writers: int, events: int, batch: int) -> tuple
 
 
 def bench_commits(workdir: Path, count: int) -> tuple[list[float], list[float]]:
+    """Latencies of begin-write-commit and of pwrite+fdatasync, taken in turns (one of each,
+    over and over), so that a machine shared with other work slows both alike."""
     payload = os.urandom(EVENT)
-    with open_store(f"embedded:{workdir / 'txn'}") as store:
-        store.create_stream("bench/txn", segments=1)
-        lat = []
-        for _ in range(count):
-            t0 = time.perf_counter()
-            txn = store.begin_transaction("bench/txn")
+    fd = os.open(workdir / "plain-latency", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    lat, plain = [], []
+    try:
+        with open_store(f"embedded:{workdir / 'txn'}") as store:
+            store.create_stream("bench/txn", segments=1)
+            for _ in range(count):
+                t0 = time.perf_counter()
+                txn = store.begin_transaction("bench/txn")
+                txn.write(payload, routing_key="k")
+                txn.commit()
+                lat.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                os.write(fd, payload)
+                os.fdatasync(fd)
+                plain.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+    return lat, plain
+
+
+def count_commit_syncs(workdir: Path, count: int) -> float:
+    """Syncs per begin-write-commit of one 64 KiB event: `os.fsync`/`os.fdatasync` calls plus
+    COMMITs on the catalog's synchronous=FULL connection (each syncs the write-ahead log)."""
+    payload = os.urandom(EVENT)
+    calls = {"syncs": 0}
+    real = {name: getattr(os, name) for name in ("fsync", "fdatasync")}
+
+    def counting(name: str):
+        def sync(fd: int) -> None:
+            calls["syncs"] += 1
+            real[name](fd)
+
+        return sync
+
+    def on_statement(sql: str) -> None:
+        if sql.strip().upper() == "COMMIT":
+            calls["syncs"] += 1
+
+    with open_store(f"embedded:{workdir / 'txn-syncs'}") as store:
+        store.create_stream("bench/syncs", segments=1)
+
+        def transaction() -> None:
+            txn = store.begin_transaction("bench/syncs")
             txn.write(payload, routing_key="k")
             txn.commit()
-            lat.append(time.perf_counter() - t0)
-    fd = os.open(workdir / "plain-latency", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    plain = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        os.write(fd, payload)
-        os.fdatasync(fd)
-        plain.append(time.perf_counter() - t0)
-    os.close(fd)
-    return lat, plain
+
+        transaction()  # the segment file and its directories are created once, not counted
+        store._engine.catalog.meta.set_trace_callback(on_statement)
+        try:
+            for name in real:
+                setattr(os, name, counting(name))
+            for _ in range(count):
+                transaction()
+        finally:
+            for name, function in real.items():
+                setattr(os, name, function)
+    return calls["syncs"] / count
 
 
 def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, float], int]:
@@ -236,6 +279,9 @@ def measure(workdir: Path, args: argparse.Namespace) -> list[Figure]:
     for q, goal in ((50, "<= 2"), (99, "")):
         what = f"transaction commit p{q} (begin, write 64 KiB, commit)"
         figures.append(Figure(what, "ms", pct(lat, q), pct(plain, q), "pwrite + fdatasync", goal))
+    what = "syncs per transaction (begin, write 64 KiB, commit)"
+    syncs = count_commit_syncs(workdir, 50)
+    figures.append(Figure(what, "syncs", syncs, 1.0, "pwrite + fdatasync"))
     wall, cpu, nbytes = bench_read(workdir, args.reads)
     what = f"verified bounded read between cuts ({nbytes / 1e6:.0f} MB, page cache)"
     peer = "plain file (unchecked)"

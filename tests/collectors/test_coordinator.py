@@ -237,7 +237,8 @@ def test_commit_protocol_a_committed_transaction_is_forgotten_not_resent(committ
 
 
 class CrashMidCommit(Exception):
-    """Stands for a SIGKILL after the first block of a commit landed."""
+    """Stands for a SIGKILL after the block of a one-segment commit landed, before the store
+    recorded it committed (the block is the commit: the store finds it committed)."""
 
 
 def test_commit_protocol_a_commit_cut_short_is_finished(committing, store, monkeypatch):
@@ -246,15 +247,15 @@ def test_commit_protocol_a_commit_cut_short_is_finished(committing, store, monke
     coordinator, buffer = committing
     fill(buffer, 4)
 
-    def crash(self, segment):
+    def crash(self, segment, header):
         raise CrashMidCommit
 
     with monkeypatch.context() as patch:
-        patch.setattr(EmbeddedTransaction, "_mark_done", crash)
+        patch.setattr(EmbeddedTransaction, "_mark_landed", crash)
         with pytest.raises(CrashMidCommit):
             coordinator.send_batch()
     (record,) = buffer.ledger.txns()
-    assert store.get_transaction(STREAM, record.txn_id).state() == "committing"
+    assert store.get_transaction(STREAM, record.txn_id).state() == "committed"
     again = restarted(coordinator, store)
     assert again.recover() == 1
     assert store.get_transaction(STREAM, record.txn_id).state() == "committed"

@@ -3,17 +3,23 @@ nothing is duplicated or reordered, and no partial event is ever visible."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pipeline.streams import open_store
+from pipeline.streams import TxnFailed, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +66,7 @@ def check_stream(store_dir, stream, names, state_dir) -> None:
             assert len(seqs) >= acked, f"{name}: acknowledged events {len(seqs) + 1}..{acked} lost"
 
 
-@pytest.mark.parametrize("mode", ["append", "txn"])
+@pytest.mark.parametrize("mode", ["append", "txn", "txn-unflushed"])
 def test_kill9_writers_at_random_points(tmp_path, mode):
     rng = random.Random(int(os.environ.get("SLUICE_CRASH_SEED", "0")) or None)
     store_dir, state_dir = tmp_path / "streams", tmp_path / "state"
@@ -125,17 +131,26 @@ def test_transaction_looked_up_after_restart(tmp_path):
         )
 
 
-def commit_dying_at(store_dir: Path, stream: str, segments: int, patch: str, events: int) -> str:
-    """Create `stream`, then in another process write `events` events in one transaction and
-    commit it with `patch` applied (Python that makes a step of the commit call `os._exit(9)`):
-    the id of the transaction the process died committing."""
+def commit_dying_at(  # noqa: PLR0917 - one transaction's shape and where it dies
+    store_dir: Path,
+    stream: str,
+    segments: int,
+    patch: str,
+    events: int,
+    key: str = "k{i}",
+    flush: bool = False,
+) -> str:
+    """Create `stream`, then in another process write `events` events in one transaction
+    (routing key `key`, formatted with the event's number; flushed first if `flush`) and commit
+    it with `patch` applied (Python that makes a step of the commit call `os._exit(9)`): the id
+    of the transaction the process died committing."""
     with open_store(f"embedded:{store_dir}") as store:
         store.create_stream(stream, segments=segments)
     code = (
         f"import os; from pipeline.streams import open_store; {patch};"
         f"s = open_store('embedded:{store_dir}'); x = s.begin_transaction('{stream}');"
-        f"[x.write(f'e{{i}}'.encode(), routing_key=f'k{{i}}') for i in range({events})];"
-        "print(x.txn_id, flush=True); x.commit()"
+        f"[x.write(f'e{{i}}'.encode(), routing_key=f'{key}') for i in range({events})];"
+        f"{'x.flush();' if flush else ''} print(x.txn_id, flush=True); x.commit()"
     )
     out = run_python(code)
     assert out.returncode == 9, out.stderr
@@ -176,3 +191,228 @@ def test_crash_after_entering_committing_before_the_block_lands(tmp_path):
         payloads = sorted(e.payload for e in store.read("crash/early"))
         assert payloads == sorted(f"e{i}".encode() for i in range(20)), "exactly once"
         assert txn.state() == "committed"
+
+
+#: Steps of a one-segment commit (its block appended straight from memory and its flushed
+#: body), each made to kill the process, and whether the transaction committed by then.
+ONE_SEGMENT_STEPS = {
+    "before the landing is recorded": (
+        "t.EmbeddedTransaction._mark_landing = lambda *a, **k: os._exit(9)",
+        False,
+    ),
+    "after the landing is recorded, before the block": (
+        "t.EmbeddedTransaction._land_one = lambda *a, **k: os._exit(9)",
+        False,
+    ),
+    "half of the block written": (
+        "from pipeline.streams.embedded import segment as sg;"
+        "sg.SegmentFile.append = lambda self, at, parts: ("
+        "os.pwrite(self.fd, b''.join(parts)[: sum(map(len, parts)) // 2], at), os._exit(9))",
+        False,
+    ),
+    "the whole block written, before its fsync": (
+        "from pipeline.streams.embedded import segment as sg;"
+        "sg.SegmentFile.append = lambda self, at, parts: (os.pwritev(self.fd, parts, at),"
+        " os._exit(9))",
+        True,
+    ),
+    "the block fsynced, before `committed` is recorded": (
+        "t.EmbeddedTransaction._mark_landed = lambda *a, **k: os._exit(9)",
+        True,
+    ),
+    "after `committed` is recorded, before the flushed body is removed": (
+        "landed = t.EmbeddedTransaction._mark_landed;"
+        "t.EmbeddedTransaction._mark_landed = lambda *a, **k: (landed(*a, **k), os._exit(9))",
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("flush", [False, True], ids=["unflushed", "flushed"])
+@pytest.mark.parametrize("step", list(ONE_SEGMENT_STEPS))
+def test_kill9_inside_a_one_segment_commit(tmp_path, step, flush):
+    """Killed at each step of a one-segment commit, the transaction is committed exactly once
+    (its block landed whole: `state()` says so, abort is refused, commit is a no-op) or open
+    with nothing of it visible (abortable; its flushed events commit on a retry)."""
+    patch, landed = ONE_SEGMENT_STEPS[step]
+    store_dir = tmp_path / "streams"
+    patch = f"from pipeline.streams.embedded import transactions as t; {patch}"
+    txn_id = commit_dying_at(store_dir, "crash/one", 2, patch, events=15, key="k", flush=flush)
+    expected = [f"e{i}".encode() for i in range(15)]
+    with open_store(f"embedded:{store_dir}") as store:
+        txn = store.get_transaction("crash/one", txn_id)
+        if landed:
+            assert txn.state() == "committed"
+            with pytest.raises(TxnFailed, match="already committed"):
+                txn.abort()
+        else:
+            assert list(store.read("crash/one")) == [], "nothing of it is visible"
+            assert txn.state() == "open"
+        txn.commit()
+        txn.commit()
+        assert txn.state() == "committed"
+        payloads = [e.payload for e in store.read("crash/one")]
+        assert payloads == (expected if landed or flush else []), "exactly once, in order"
+        assert not list((store_dir / "txn").glob(f"{txn_id}.*")), "its body is removed"
+        assert store.verify().ok
+        with store.writer("crash/one") as w:  # the segment takes writes after it
+            w.write(b"after", routing_key="k")
+        assert [e.payload for e in store.read("crash/one")][-1] == b"after"
+
+
+def test_kill9_before_the_block_then_abort(tmp_path):
+    """A transaction whose process died before its block landed whole can be aborted, and
+    nothing of it ever becomes visible."""
+    store_dir = tmp_path / "streams"
+    patch = ONE_SEGMENT_STEPS["half of the block written"][0]
+    txn_id = commit_dying_at(store_dir, "crash/abort", 1, patch, events=5, key="k", flush=True)
+    with open_store(f"embedded:{store_dir}") as store:
+        txn = store.get_transaction("crash/abort", txn_id)
+        txn.abort()
+        assert txn.state() == "aborted"
+        with pytest.raises(TxnFailed):
+            txn.commit()
+        assert list(store.read("crash/abort")) == []
+        assert store.verify().ok
+
+
+def snapshot_catalog(store_dir: Path, into: Path) -> None:
+    """Copy the catalog (its database and write-ahead log) between two of its transactions."""
+    into.mkdir(exist_ok=True)
+    for name in ("catalog.db", "catalog.db-wal"):
+        if (store_dir / name).exists():
+            shutil.copyfile(store_dir / name, into / name)
+
+
+def restore_catalog(store_dir: Path, snapshot: Path) -> None:
+    """Put the catalog back as it was at the snapshot: what a power cut does to the catalog
+    writes made with synchronous=NORMAL since (none of them reached the disk)."""
+    for path in store_dir.glob("catalog.db*"):
+        path.unlink()
+    for path in snapshot.iterdir():
+        shutil.copyfile(path, store_dir / path.name)
+
+
+@pytest.mark.parametrize("lost_from", ["_mark_landing", "_land_one"])
+@pytest.mark.parametrize("flush", [False, True], ids=["unflushed", "flushed"])
+def test_power_cut_after_a_one_segment_commit_keeps_it(tmp_path, lost_from, flush):
+    """A power cut loses the catalog writes of a one-segment commit (synchronous=NORMAL) but
+    not its fsynced block: the transaction is found committed, exactly once, and cannot be
+    aborted; with `_mark_landing` lost the catalog says `open` (or has no row: a begin
+    records none), with `_land_one` `landing`."""
+    store_dir, snapshot = tmp_path / "streams", tmp_path / "snapshot"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("cut/one", segments=2)
+    code = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from pipeline.streams import open_store
+        from pipeline.streams.embedded import transactions as t
+        from tests.reliability.test_store_crash import snapshot_catalog
+
+        original = t.EmbeddedTransaction.{lost_from}
+
+        def hooked(*args, **kwargs):
+            snapshot_catalog(Path('{store_dir}'), Path('{snapshot}'))
+            return original(*args, **kwargs)
+
+        t.EmbeddedTransaction.{lost_from} = hooked
+        s = open_store('embedded:{store_dir}')
+        x = s.begin_transaction('cut/one')
+        for i in range(9):
+            x.write(f'e{{i}}'.encode(), routing_key='k')
+        if {flush}:
+            x.flush()
+        x.commit()
+        print(x.txn_id)
+        """
+    )
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    txn_id = out.stdout.strip()
+    restore_catalog(store_dir, snapshot)
+    with closing(sqlite3.connect(store_dir / "catalog.db")) as db:
+        found = db.execute("SELECT state FROM txns WHERE txn_id=?", (txn_id,)).fetchone()
+    if lost_from == "_land_one":
+        assert found == ("landing",), "the cut's view"
+    else:  # a begin records nothing; a flush records the transaction open
+        assert found == (("open",) if flush else None), "the cut's view"
+    with open_store(f"embedded:{store_dir}") as store:
+        txn = store.get_transaction("cut/one", txn_id)
+        assert txn.state() == "committed"
+        with pytest.raises(TxnFailed, match="already committed"):
+            txn.abort()
+        txn.commit()
+        assert [e.payload for e in store.read("cut/one")] == [f"e{i}".encode() for i in range(9)]
+        assert store.verify().ok
+
+
+def _commit_by_id(store_dir: str, stream: str, txn_id: str, start: Any) -> None:
+    with open_store(f"embedded:{store_dir}") as store:
+        txn = store.get_transaction(stream, txn_id)
+        start.wait()
+        txn.commit()
+
+
+@pytest.mark.parametrize("segments", [1, 2], ids=["one segment", "two segments"])
+def test_two_processes_committing_one_transaction_land_it_once(tmp_path, segments):
+    """A retried commit racing the first (two drivers, say) lands the events exactly once,
+    whether the transaction lands in one segment (its block is the commit) or in two."""
+    store_dir, stream = tmp_path / "streams", "race/one"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream(stream, segments=2)
+        expected = []
+        for round_ in range(12):
+            txn = store.begin_transaction(stream)
+            for i in range(5):
+                key = "k" if segments == 1 else f"k{i}"
+                txn.write(f"r{round_}e{i}".encode(), routing_key=key)
+                expected.append(f"r{round_}e{i}".encode())
+            txn.flush()
+            start = mp.Barrier(2)
+            procs = [
+                mp.Process(target=_commit_by_id, args=(str(store_dir), stream, txn.txn_id, start))
+                for _ in range(2)
+            ]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+                assert proc.exitcode == 0
+            assert txn.state() == "committed"
+        assert sorted(e.payload for e in store.read(stream)) == sorted(expected), "exactly once"
+        assert store.verify().ok
+
+
+@pytest.mark.parametrize("dies", ["before any block", "after the first block"])
+def test_two_processes_rolling_a_crashed_commit_forward_land_it_once(tmp_path, dies):
+    """A commit over four segments died half-way; two processes then commit it at once, while
+    a writer appends to the same segments: every event lands exactly once."""
+    store_dir, stream = tmp_path / "streams", "race/crashed"
+    patch = (
+        "from pipeline.streams.embedded import engine as e;"
+        "e.Engine.append_block = lambda *a, **k: os._exit(9)"
+        if dies == "before any block"
+        else "from pipeline.streams.embedded import transactions as t;"
+        "t.EmbeddedTransaction._mark_done = lambda self, seg: os._exit(9)"
+    )
+    txn_id = commit_dying_at(store_dir, stream, 4, patch, events=40)
+    with open_store(f"embedded:{store_dir}") as store, store.writer(stream) as w:
+        for i in range(8):  # other blocks land where the dead commit meant to land its own
+            w.write(f"w{i}".encode(), routing_key=f"k{i}")
+    start = mp.Barrier(2)
+    procs = [
+        mp.Process(target=_commit_by_id, args=(str(store_dir), stream, txn_id, start))
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+        assert proc.exitcode == 0
+    with open_store(f"embedded:{store_dir}") as store:
+        payloads = sorted(e.payload for e in store.read(stream))
+        expected = [f"e{i}".encode() for i in range(40)] + [f"w{i}".encode() for i in range(8)]
+        assert payloads == sorted(expected), "exactly once"
+        assert store.get_transaction(stream, txn_id).state() == "committed"
+        assert store.verify().ok

@@ -3,11 +3,13 @@ block is returned, and events with different routing keys in one block keep thei
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import re
 
 import pytest
 
-from pipeline.streams import open_store
+from pipeline.streams import Event, open_store
 from pipeline.streams.embedded.blocks import (
     EVENT,
     BadBlock,
@@ -98,3 +100,19 @@ def test_a_read_returns_mixed_keys_in_one_block(tmp_path):
                 writer.write(payload, routing_key=key)
         read = [(e.payload, e.routing_key) for e in store.read("f/mixed")]
     assert read == EVENTS
+
+
+def test_events_read_back_are_ordinary_frozen_events(store):
+    """Reads build events without `Event.__init__` (it is slow for a frozen dataclass): they
+    must still be equal, hashable, picklable and frozen like any other."""
+    store.create_stream("frames/events")
+    with store.writer("frames/events") as w:
+        w.write(b"payload", routing_key="k")
+    (event,) = store.read("frames/events")
+    built = Event(*(getattr(event, f.name) for f in dataclasses.fields(Event)))
+    assert type(event) is Event
+    assert event == built and hash(event) == hash(built) and repr(event) == repr(built)
+    assert pickle.loads(pickle.dumps(event)) == event
+    assert dataclasses.replace(event, payload=b"other").payload == b"other"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.payload = b"changed"

@@ -7,6 +7,9 @@ typed error from every query and write):
 - `index` (synchronous=NORMAL): the block index and writer positions. They are derived from the
   segment files (each block header carries what the index holds), so an index row lost in a
   power cut is rebuilt by the next catch-up scan; a data block is fsynced before it is indexed.
+  Also the transaction rows a power cut may lose because something else rebuilds them: a
+  one-segment commit's `landing` and `committed` (from its block; an `open` row from the
+  transaction's id, `txn_ids.py`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ through it; it imports none of them. What is on disk and why it survives a crash
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -50,7 +51,7 @@ from pipeline.streams.errors import (
 )
 from pipeline.streams.names import parse_stream
 
-__all__ = ["BlockRow", "Engine", "StreamRow", "encode"]
+__all__ = ["BlockRow", "Engine", "StreamRow", "commit_landed", "encode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,8 +319,42 @@ class Engine:
             self.index_blocks(row, segment, headers)
         return end
 
-    def index_blocks(self, row: StreamRow, segment: int, headers: list[BlockHeader]) -> None:
+    def index_blocks(
+        self, row: StreamRow, segment: int, headers: list[BlockHeader], *, landed: bool = True
+    ) -> None:
+        """Index blocks found valid in a segment file. With `landed`, a transaction's block
+        whose transaction the catalog does not hold committed (or committing) commits it: such
+        a block was landed whole by a one-segment commit (see `commit_landed`)."""
+        uncommitted = self._uncommitted_txns(headers) if landed else []
+        if uncommitted:  # the block may still be in the page cache only: make it durable first
+            os.fdatasync(self.segment_file(row, segment).fd)
         with self.catalog.write(self.catalog.index) as db:
+            self.insert_index(db, row, segment, headers)
+            if uncommitted:
+                commit_landed(db, row, segment, uncommitted)
+        for h in uncommitted:
+            for path in (self.root / "txn").glob(f"{h.txn_id}.*.body"):
+                path.unlink(missing_ok=True)
+
+    def _uncommitted_txns(self, headers: list[BlockHeader]) -> list[BlockHeader]:
+        """The transaction blocks among `headers` whose transaction is open, landing or
+        unknown to the catalog."""
+        named = {h.txn_id: h for h in headers if h.txn_id is not None}
+        if not named:
+            return []
+        marks = ",".join("?" * len(named))
+        known = dict(
+            self.catalog.query(
+                f"SELECT txn_id, state FROM txns WHERE txn_id IN ({marks})", tuple(named)
+            )
+        )
+        return [h for t, h in named.items() if known.get(t, "open") in ("open", "landing")]
+
+    def insert_index(
+        self, db: sqlite3.Cursor, row: StreamRow, segment: int, headers: list[BlockHeader]
+    ) -> None:
+        """Insert index rows and writer positions for `headers` (inside `db`'s transaction)."""
+        if headers:
             db.executemany(
                 "INSERT OR IGNORE INTO blocks"
                 "(stream_id, segment, offset, length, events, ingest_ns, t_min, t_max)"
@@ -512,3 +547,35 @@ class Engine:
             yield from read_events(reader, row.qualified, segment, blocks, start=start, end=end)
         except BadBlock as bad:
             raise self.corrupted(row, segment, bad) from None
+
+
+def commit_landed(
+    db: sqlite3.Cursor, row: StreamRow, segment: int, headers: list[BlockHeader]
+) -> None:
+    """Record as committed the transactions whose one block landed in `segment` (inside `db`'s
+    transaction; the blocks are durable).
+
+    A one-segment commit (`transactions.py`) appends its block before anything durable in the
+    catalog says it commits, so the block is the commit: a transaction the catalog has `open`
+    or `landing` (its catalog rows lost in a power cut, or its process killed before it
+    recorded `committed`), or does not know at all, is committed by its block. A transaction
+    that lands in several segments is `committing` (synchronous=FULL) before its first block
+    lands, and is never touched here.
+    """
+    for h in headers:
+        db.execute(
+            "INSERT OR IGNORE INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns,"
+            " ingest_ns, t_min, t_max, finished_ns) VALUES (?, ?, 'committed', ?, ?, ?, ?, ?, ?)",
+            (h.txn_id, row.id, *(h.ingest_ns,) * 3, h.t_min, h.t_max, now_ns()),
+        )
+        db.execute(
+            "UPDATE txns SET state='committed', ingest_ns=?, t_min=?, t_max=?, finished_ns=?"
+            " WHERE txn_id=? AND state IN ('open', 'landing')",
+            (h.ingest_ns, h.t_min, h.t_max, now_ns(), h.txn_id),
+        )
+        db.execute(
+            "INSERT INTO txn_segments(txn_id, segment, body_len, events, appended_at, done)"
+            " VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT DO UPDATE SET body_len=excluded.body_len,"
+            " events=excluded.events, appended_at=excluded.appended_at, done=1",
+            (h.txn_id, segment, h.body_len, h.events, h.offset),
+        )

@@ -11,7 +11,8 @@ the bytes returned and its CRC chained over the pieces: one copy from the page c
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import fields
 
 from pipeline.streams.api import Event
 from pipeline.streams.embedded.blocks import (
@@ -130,6 +131,34 @@ def _header(data: memoryview, pos: int, row: BlockRow) -> BlockHeader:
     return header
 
 
+def _event_maker() -> Callable[..., Event]:
+    """`Event(...)` without its dataclass `__init__`, which sets each field of a frozen class
+    through `object.__setattr__`: the same object (same slots, equal, picklable) in half the
+    time, which is a tenth of a read of 64 KiB events. Event has no `__post_init__`."""
+    setters = [Event.__dict__[f.name].__set__ for f in fields(Event)]
+    assert len(setters) == 7, "update the unrolled setters below with Event's fields"
+    s1, s2, s3, s4, s5, s6, s7 = setters
+    new = object.__new__
+
+    def make(  # noqa: PLR0917 - Event's fields, positionally, as `Event(...)` takes them
+        stream: str, segment: int, offset: int, end: int, key: str | None, payload: bytes, ns: int
+    ) -> Event:
+        event = new(Event)
+        s1(event, stream)
+        s2(event, segment)
+        s3(event, offset)
+        s4(event, end)
+        s5(event, key)
+        s6(event, payload)
+        s7(event, ns)
+        return event
+
+    return make
+
+
+_event = _event_maker()
+
+
 def read_events(
     reader: BlockReader, stream: str, segment: int, rows: list[BlockRow], *, start: int, end: int
 ) -> Iterator[Event]:
@@ -148,7 +177,7 @@ def read_events(
             for off, end_off, key, at, until in frames:
                 if start <= off and end_off <= end:  # (a whole bytes object is not copied)
                     payload = bytes(body[at:until])
-                    yield Event(stream, segment, off, end_off, key, payload, row.ingest_ns)
+                    yield _event(stream, segment, off, end_off, key, payload, row.ingest_ns)
         if j < len(rows):
             msg = f"the index has no block here (the next one starts at {rows[j].offset})"
             raise BadBlock(expected, msg)

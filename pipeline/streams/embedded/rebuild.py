@@ -193,7 +193,11 @@ def fill_catalog(catalog: Catalog, store_id: str, manifests: dict[int, StreamMan
     with catalog.write() as db:
         db.executemany(
             "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-            [("format_version", FORMAT_VERSION), ("store_id", store_id)],
+            [
+                ("format_version", FORMAT_VERSION),
+                ("store_id", store_id),
+                ("rebuilt_ns", str(now_ns())),  # transaction ids issued before: not rebuilt
+            ],
         )
         for m in manifests.values():
             db.execute(
@@ -252,7 +256,7 @@ def index_segment(
         return
     with segfile.locked():
         survey = segfile.survey(start)
-        engine.index_blocks(row, segment, survey.blocks)
+        engine.index_blocks(row, segment, survey.blocks, landed=False)  # recorded below
         for bad, later in survey.damaged:
             what = f"{later - bad} bytes are no valid block (valid blocks follow at {later})"
             tally.problems.append(Problem(row.qualified, segment, bad, what))

@@ -35,6 +35,9 @@ from pipeline.streams.embedded.blocks import (
 from pipeline.streams.embedded.space import out_of_space
 
 SCAN_CHUNK = 1 << 20
+#: The most buffers one `pwritev` takes (a crash between two leaves a torn block, never a
+#: valid one: the CRC covers the whole block).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
@@ -196,16 +199,20 @@ class SegmentFile:
         Caller holds the lock and has checked that bytes past `at` are a torn tail: they are
         truncated first. On a full disk what was written is cut away again (`StoreFull`).
         """
-        expected = sum(len(p) for p in parts)
+        end = at
         with out_of_space(self.path, undo=lambda: os.ftruncate(self.fd, at)):
             if self.size() != at:
                 os.ftruncate(self.fd, at)
-            written = os.pwritev(self.fd, parts, at)
-            if written != expected:
-                msg = f"short write: {written} of {expected} bytes"
-                raise OSError(errno.ENOSPC, msg)
+            for first in range(0, len(parts), IOV_MAX):  # a block of many small events
+                group = parts[first : first + IOV_MAX]
+                expected = sum(len(p) for p in group)
+                written = os.pwritev(self.fd, group, end)
+                if written != expected:
+                    msg = f"short write: {written} of {expected} bytes"
+                    raise OSError(errno.ENOSPC, msg)
+                end += written
             os.fdatasync(self.fd)
-        return at + written
+        return end
 
     def repair(self, valid_end: int) -> bool:
         """Truncate a torn tail past `valid_end`; the caller holds the lock. True if repaired."""

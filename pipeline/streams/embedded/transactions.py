@@ -1,12 +1,18 @@
 """Transactions of the embedded store: durable, atomic, contiguous, committable after a crash.
 
+    begin --> open (nothing written: the id carries the row, see `txn_ids`)
     open --flush--> (events fsynced in txn/<id>.<segment>.body, length+CRC in txn_segments)
-    open --commit--> committing --(one block per segment appended)--> committed
+    open --commit, one segment--> landing --(its block appended, fsynced)--> committed
+    open --commit, several--> committing --(one block per segment appended)--> committed
     open --abort--> aborted
 
 Exactly-once: each segment gets one block holding all of the transaction's events for it, so a
-reader sees all of them or none, and a commit that crashed half-way is rolled forward by the
-next `commit()` on the same id, from any process. How each step is made durable: FORMAT.md.
+reader sees all of them or none. A one-segment commit appends its block straight from memory
+(and its flushed body): the block is the commit, and whoever finds it commits the transaction
+in the catalog (`engine.commit_landed`); one that died before its block was whole goes back to
+`open`. A commit over several segments records them all `committing` first and is rolled
+forward by the next `commit()` on the same id, from any process. How each step is made
+durable, and why each crash point is safe: FORMAT.md ("Transactions").
 """
 
 from __future__ import annotations
@@ -14,16 +20,17 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
-import uuid
 from collections import defaultdict
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from pipeline.durable import fsync_dir
 from pipeline.streams.api import Transaction, TxnState
+from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.blocks import (
     BadBlock,
+    BlockHeader,
     crc32,
     encode_header,
     iter_frames,
@@ -32,6 +39,7 @@ from pipeline.streams.embedded.blocks import (
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow, encode
 from pipeline.streams.embedded.routing import route
+from pipeline.streams.embedded.segment import SegmentFile
 from pipeline.streams.embedded.space import out_of_space
 from pipeline.streams.errors import SegmentDamaged, TxnFailed, TxnNotFound
 
@@ -48,25 +56,51 @@ class EmbeddedTransaction(Transaction):
 
     @classmethod
     def begin(cls, engine: Engine, row: StreamRow, lease_seconds: float) -> EmbeddedTransaction:
+        """Issue the transaction's id and write nothing: the id carries its `open` row
+        (`txn_ids`), which the first catalog write about it records (a flush, the commit, an
+        abort); until then every process reads the row from the id."""
         engine.check_writable(row)
-        txn_id = uuid.uuid4().hex
         created = now_ns()
-        with engine.catalog.write() as db:
-            db.execute(
-                "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
-                " VALUES (?, ?, 'open', ?, ?)",
-                (txn_id, row.id, created, created + int(lease_seconds * 1e9)),
-            )
-        return cls(engine, row, txn_id)
+        expiry = created + int(lease_seconds * 1e9)
+        return cls(engine, row, txn_ids.issue(engine.store_id, row.id, created, expiry))
 
     @classmethod
     def lookup(cls, engine: Engine, row: StreamRow, txn_id: str) -> EmbeddedTransaction:
-        found = engine.catalog.query_one(
-            "SELECT stream_id FROM txns WHERE txn_id=?", (str(txn_id),)
-        )
-        if found is None or found[0] != row.id:
-            raise TxnNotFound(str(txn_id))
-        return cls(engine, row, txn_id)
+        """The transaction `txn_id` of this stream: one the catalog knows, or one whose id
+        this store issued for this stream (its row not recorded yet, or lost in a power cut),
+        unless it was issued before `repair` rebuilt the catalog (that catalog lost more than
+        a begin row); else `TxnNotFound`."""
+        txn = cls(engine, row, str(txn_id))
+        txn._raw_state()
+        return txn
+
+    def _carried(self) -> tuple[int, int]:
+        """(created_ns, lease_expiry_ns) that the id carries, for a transaction the catalog
+        has no row of; `TxnNotFound` if it carries none for this stream of this store, or
+        predates the catalog's last rebuild."""
+        begun = txn_ids.begin_row(self.engine.store_id, self.row.id, self.txn_id)
+        rebuilt = self.engine.catalog.query_one("SELECT value FROM meta WHERE key='rebuilt_ns'")
+        if begun is None or (rebuilt is not None and begun[0] < int(rebuilt[0])):
+            raise TxnNotFound(self.txn_id)
+        return begun
+
+    def _state_row(self, db: sqlite3.Cursor) -> tuple[str, int]:
+        """State and lease expiry inside a catalog write; the `open` row the id carries is
+        recorded in it if the catalog has none yet."""
+        found = db.execute(
+            "SELECT state, lease_expiry_ns, stream_id FROM txns WHERE txn_id=?", (self.txn_id,)
+        ).fetchone()
+        if found is None:
+            created, expiry = self._carried()
+            db.execute(
+                "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
+                " VALUES (?, ?, 'open', ?, ?)",
+                (self.txn_id, self.row.id, created, expiry),
+            )
+            return "open", expiry
+        if found[2] != self.row.id:
+            raise TxnNotFound(self.txn_id)
+        return found[0], found[1]
 
     @property
     def _dir(self) -> Path:
@@ -76,17 +110,58 @@ class EmbeddedTransaction(Transaction):
         return self._dir / f"{self.txn_id}.{segment}.body"
 
     def state(self) -> TxnState:
+        """The transaction's state; `open` only once no block of it is in any segment (a
+        one-segment commit whose catalog rows a power cut lost is found committed)."""
+        state = self._settled_state()
+        while state in ("open", "landing"):
+            self._catch_up_all()
+            if (state := self._settled_state()) == "open":
+                break
+        return state
+
+    def _raw_state(self) -> str:
         found = self.engine.catalog.query_one(
-            "SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)
+            "SELECT state, stream_id FROM txns WHERE txn_id=?", (self.txn_id,)
         )
         if found is None:
+            self._carried()
+            return "open"
+        if found[1] != self.row.id:
             raise TxnNotFound(self.txn_id)
         return found[0]
 
-    def _require_open(self, action: str) -> None:
-        state, expiry = self.engine.catalog.query_one(
-            "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
+    def _settled_state(self) -> str:
+        """The state, once a one-segment commit left `landing` by a process that died has been
+        settled: committed if its block landed whole, else open again. A live committer holds
+        the segment's lock while it lands, so taking the lock waits for it."""
+        state = self._raw_state()
+        if state != "landing":
+            return state
+        found = self.engine.catalog.query_one(
+            "SELECT segment FROM txn_segments WHERE txn_id=? AND appended_at IS NOT NULL",
+            (self.txn_id,),
         )
+        if found is None:  # committed meanwhile (`commit_landed` rewrote the rows)
+            return self._raw_state()
+        with self.engine.segment_file(self.row, found[0]).locked():
+            if self._raw_state() == "landing":
+                self.engine.catch_up(self.row, found[0])  # a whole block commits it
+                if self._raw_state() == "landing":
+                    self._unland()
+        return self._raw_state()
+
+    def _catch_up_all(self) -> None:
+        """Index every segment's new blocks: a block of this transaction commits it."""
+        for segment, _, _ in self.engine.segments(self.row):
+            if self.engine.segment_file(self.row, segment).path.exists():
+                self.engine.catch_up(self.row, segment)
+
+    def _require_open(self, action: str) -> None:
+        state = self._settled_state()
+        found = self.engine.catalog.query_one(
+            "SELECT lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
+        )
+        expiry = found[0] if found else self._carried()[1]
         if state != "open":
             raise TxnFailed(self.txn_id, state, f"it is {state}, so it cannot {action}")
         if now_ns() > expiry:
@@ -143,6 +218,7 @@ class EmbeddedTransaction(Transaction):
 
     def _record(self, rows: list[BodyRow], drop: tuple[int, ...] = ()) -> None:
         with self.engine.catalog.write() as db:
+            self._state_row(db)  # the flushed events' transaction is recorded with them
             self._upsert(db, rows)
             db.executemany(
                 "DELETE FROM txn_segments WHERE txn_id=? AND segment=?",
@@ -187,22 +263,189 @@ class EmbeddedTransaction(Transaction):
             self._body_path(segment).unlink(missing_ok=True)
 
     def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
-        state = self.state()
+        state = self._settled_state()
         if state == "committed":
+            self._refuse_late_events()
+            self._remove_bodies()  # left behind by a process that died right after its commit
             return
         if state == "open":
             self.engine.check_writable(self.row)
+            if self._commit_one_segment(time_bounds):
+                return
             flushed = self._write_pending()
-            while not self._enter_committing(flushed, time_bounds):
+            while (outcome := self._enter_committing(flushed, time_bounds)) == "rebase":
                 flushed = []
                 self._rebase()
+            if outcome in ("committed", "committing"):  # another commit of it got there first
+                self._refuse_late_events()
+            if outcome == "committed":
+                return
         elif state != "committing":
             raise TxnFailed(self.txn_id, state, f"it was {state}")
         self._roll_forward()
 
-    def _enter_committing(self, flushed: list[BodyRow], bounds: tuple[int, int] | None) -> bool:
-        """Record the events just flushed, enter `committing` and land the blocks; False (the
-        flushed events recorded, nothing landed) if a target segment is sealed: rebase first.
+    def _commit_one_segment(self, time_bounds: tuple[int, int] | None) -> bool:
+        """Commit a transaction whose events all go to one segment with one synced write:
+        its block (the flushed body, then the events still in memory) appended at the valid
+        end, under the segment's lock. False, with nothing done, when it targets several
+        segments or none, or its segment was sealed (then rebase: the general path).
+
+        `landing` and `appended_at` are recorded first (synchronous=NORMAL: they survive a
+        `kill -9`, and they fence off `abort` and a concurrent commit), then the block is
+        appended and fsynced, then `committed` is recorded (NORMAL) with the block's index
+        row. The block is the durable truth: a crash or power cut after it leaves a
+        transaction that `commit_landed` records committed (any catch-up of the segment, or
+        `_settled_state`); one before it leaves `landing` (or `open`) with no whole block,
+        which `_settled_state` puts back to `open`."""
+        recorded = {
+            seg: (body_len, events, crc)
+            for seg, body_len, events, crc in self.engine.catalog.query(
+                "SELECT segment, body_len, events, body_crc FROM txn_segments WHERE txn_id=?",
+                (self.txn_id,),
+            )
+        }
+        targets = set(recorded) | set(self._pending)
+        if len(targets) != 1:
+            return False
+        (segment,) = targets
+        segfile = self.engine.segment_file(self.row, segment)
+        with segfile.locked():
+            at = self.engine.catch_up(self.row, segment)
+            self.engine.settle_tail(self.row, segment, at)
+            self.engine.check_undamaged(self.row, segment)  # raises; the events stay pending
+            ingest_ns = now_ns()
+            outcome = self._mark_landing(segment, at, ingest_ns, time_bounds)
+            if outcome in ("committed", "committing"):  # another commit of it got there first
+                self._refuse_late_events()
+            if outcome in ("sealed", "committing"):  # rebase, or roll the other one forward
+                return False
+            if outcome == "land":
+                try:
+                    flushed = recorded.get(segment, (0, 0, 0))
+                    header = self._land_one(
+                        segfile, at, segment, flushed, ingest_ns=ingest_ns, bounds=time_bounds
+                    )
+                except BaseException:
+                    with suppress(Exception):  # else `_settled_state` does it later
+                        self._unland()
+                    raise
+                self._pending.clear()
+                self._mark_landed(segment, header)
+        self._pending.clear()
+        if segment in recorded:
+            self._body_path(segment).unlink(missing_ok=True)
+        return True
+
+    def _refuse_late_events(self) -> None:
+        """Committing again is a no-op, but events written since cannot join the commit."""
+        if self._pending:
+            msg = "it was committed already; the events written since cannot join it"
+            raise TxnFailed(self.txn_id, "committed", msg)
+
+    def _mark_landing(
+        self, segment: int, at: int, ingest_ns: int, time_bounds: tuple[int, int] | None
+    ) -> str:
+        """One catalog transaction (NORMAL): unless the transaction is no longer open (it is
+        `committed` by a block found at catch-up, or `committing` by another commit; otherwise
+        refused) or its segment is sealed, record it `landing` at `at` of `segment` with the
+        commit's ingest time and bounds ("land")."""
+        t_min, t_max = time_bounds if time_bounds is not None else (None, None)
+        with self.engine.catalog.write(self.engine.catalog.index) as db:
+            state, expiry = self._state_row(db)
+            if state == "open" and now_ns() > expiry:
+                state = "expired"
+            elif state == "open" and self._sealed(db, segment):
+                state = "sealed"
+            elif state == "open":
+                state = "land"
+                db.execute(
+                    "UPDATE txns SET state='landing', ingest_ns=?, t_min=?, t_max=? WHERE txn_id=?",
+                    (ingest_ns, t_min, t_max, self.txn_id),
+                )
+                db.execute(
+                    "INSERT INTO txn_segments(txn_id, segment, appended_at) VALUES (?, ?, ?)"
+                    " ON CONFLICT DO UPDATE SET appended_at=excluded.appended_at",
+                    (self.txn_id, segment, at),
+                )
+        if state in ("expired", "aborted", "landing"):
+            self._refuse(state)
+        return state
+
+    def _sealed(self, db: sqlite3.Cursor, segment: int) -> bool:
+        return bool(
+            db.execute(
+                "SELECT sealed FROM segments WHERE stream_id=? AND segment=?",
+                (self.row.id, segment),
+            ).fetchone()[0]
+        )
+
+    def _land_one(
+        self,
+        segfile: SegmentFile,
+        at: int,
+        segment: int,
+        flushed: tuple[int, int, int],
+        *,
+        ingest_ns: int,
+        bounds: tuple[int, int] | None,
+    ) -> BlockHeader:
+        """Append, at `at`, one block of the flushed body (checked against its recorded
+        length and CRC) and the pending events, and fsync it; return its header."""
+        body_len, events, crc = flushed
+        chunks = self._checked_body(segment, body_len, crc)
+        frames = self._pending.get(segment, [])
+        for frame in frames:
+            crc = crc32(frame, crc)
+        body_len += sum(len(f) for f in frames)
+        header = self._header(ingest_ns, bounds, body_len, events + len(frames), crc)
+        end = segfile.append(at, [header, *chunks, *frames])
+        parsed = parse_header(header, 0, at)
+        assert parsed is not None and parsed.end == end
+        return parsed
+
+    def _mark_landed(self, segment: int, header: BlockHeader) -> None:
+        """Index the landed block and record `committed` (NORMAL: the block is durable and
+        commits the transaction by itself; see `engine.commit_landed`)."""
+        with self.engine.catalog.write(self.engine.catalog.index) as db:
+            self.engine.insert_index(db, self.row, segment, [header])
+            db.execute(
+                "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?"
+                " AND state='landing'",
+                (now_ns(), self.txn_id),
+            )
+            db.execute(
+                "UPDATE txn_segments SET done=1 WHERE txn_id=? AND segment=?",
+                (self.txn_id, segment),
+            )
+
+    def _unland(self) -> None:
+        """Put a `landing` transaction whose block never landed whole back to `open` (its
+        flushed events stay; the events that were only in the dead process's memory are gone,
+        never acknowledged). The caller holds the segment's lock, or owns the landing."""
+        with self.engine.catalog.write(self.engine.catalog.index) as db:
+            reopened = db.execute(
+                "UPDATE txns SET state='open', ingest_ns=NULL, t_min=NULL, t_max=NULL"
+                " WHERE txn_id=? AND state='landing'",
+                (self.txn_id,),
+            ).rowcount
+            if not reopened:
+                return
+            db.execute(
+                "DELETE FROM txn_segments WHERE txn_id=? AND body_len=0 AND done=0",
+                (self.txn_id,),
+            )
+            db.execute(
+                "UPDATE txn_segments SET appended_at=NULL WHERE txn_id=? AND done=0",
+                (self.txn_id,),
+            )
+
+    def _enter_committing(
+        self, flushed: list[BodyRow], bounds: tuple[int, int] | None
+    ) -> Literal["landed", "rebase", "committed", "committing"]:
+        """Record the events just flushed, enter `committing` and land the blocks; "rebase"
+        (the flushed events recorded, nothing landed) if a target segment is sealed: rebase
+        first; "committed" if a block of it was found at catch-up (`engine.commit_landed`),
+        "committing" if another commit of it entered `committing` first (roll it forward).
 
         The target segments' locks are taken first, in segment order as a scale takes them, so
         that one catalog transaction (FULL) can record the flushed bodies, `committing` and each
@@ -220,26 +463,26 @@ class EmbeddedTransaction(Transaction):
                 locks.enter_context(self.engine.segment_file(self.row, seg).locked())
             ends = {seg: self.engine.catch_up(self.row, seg) for seg in segments}
             landing = self._mark_committing(flushed, ends, bounds)
-            if landing is None:
-                return False
+            if landing is None or isinstance(landing, str):
+                return landing or "rebase"
             for segment, header, body in landing:
                 self._append(segment, header, body)
                 self._mark_done(segment)
-        return True
+        return "landed"
 
     def _mark_committing(
         self, flushed: list[BodyRow], ends: dict[int, int], time_bounds: tuple[int, int] | None
-    ) -> list[tuple[int, bytes, tuple[int, int]]] | None:
-        """One catalog transaction: record `flushed`; unless a target segment is sealed (None)
-        or damaged (`SegmentDamaged`, the transaction stays open and commits once `repair` has
-        run), enter `committing` with `ends` as the segments' `appended_at`. Returns each
-        segment's block header and recorded body (length, CRC) to append at its end."""
+    ) -> list[tuple[int, bytes, tuple[int, int]]] | Literal["committed", "committing"] | None:
+        """One catalog transaction: record `flushed`; unless it is committed already (by a
+        block found at catch-up: "committed") or another commit of it entered `committing`
+        ("committing", nothing recorded), a target segment is sealed (None) or damaged
+        (`SegmentDamaged`, the transaction stays open and commits once `repair` has run), enter
+        `committing` with `ends` as the segments' `appended_at`. Returns each segment's block
+        header and recorded body (length, CRC) to append at its end."""
         t_min, t_max = time_bounds if time_bounds is not None else (None, None)
         ingest_ns, blocked, rows = now_ns(), None, []
         with self.engine.catalog.write() as db:
-            state, expiry = db.execute(
-                "SELECT state, lease_expiry_ns FROM txns WHERE txn_id=?", (self.txn_id,)
-            ).fetchone()
+            state, expiry = self._state_row(db)
             if state != "open":
                 blocked = state
             elif now_ns() > expiry:
@@ -262,7 +505,9 @@ class EmbeddedTransaction(Transaction):
                     " WHERE txn_id=? AND done=0 ORDER BY segment",
                     (self.txn_id,),
                 ).fetchall()
-        if blocked in ("expired", "aborted", "committing", "committed"):
+        if blocked in ("committed", "committing"):
+            return blocked
+        if blocked in ("expired", "aborted", "landing"):
             return self._refuse(blocked)
         self._pending.clear()  # recorded: never written again
         if blocked == "sealed":
@@ -285,6 +530,8 @@ class EmbeddedTransaction(Transaction):
         if why == "aborted":
             self._pending.clear()
             self._remove_bodies()  # what we flushed just now, after the abort removed the rest
+        if why == "landing":  # another process is committing it right now
+            why = "committing"
         raise TxnFailed(self.txn_id, why, f"it is {why}, so it cannot be committed")
 
     def _blocked(self, db: sqlite3.Cursor) -> str | tuple[int, int, str] | None:
@@ -322,13 +569,13 @@ class EmbeddedTransaction(Transaction):
         )
         bounds = (t_min, t_max) if t_min is not None else None
         rows = self.engine.catalog.query(
-            "SELECT segment, body_len, events, body_crc, appended_at FROM txn_segments"
+            "SELECT segment, body_len, events, body_crc FROM txn_segments"
             " WHERE txn_id=? AND done=0 ORDER BY segment",
             (self.txn_id,),
         )
-        for segment, body_len, events, crc, appended_at in rows:
+        for segment, body_len, events, crc in rows:
             header = self._header(ingest_ns, bounds, body_len, events, crc)
-            self._land(segment, header, (body_len, crc), appended_at)
+            self._land(segment, header, (body_len, crc))
         with self.engine.catalog.write() as db:
             db.execute(
                 "UPDATE txns SET state='committed', finished_ns=? WHERE txn_id=?",
@@ -336,14 +583,19 @@ class EmbeddedTransaction(Transaction):
             )
         self._remove_bodies()
 
-    def _land(
-        self, segment: int, header: bytes, body: tuple[int, int], appended_at: int | None
-    ) -> None:
+    def _land(self, segment: int, header: bytes, body: tuple[int, int]) -> None:
         """Append this transaction's block to one segment unless an earlier try already did;
-        `body` is the recorded (length, CRC) of its flushed events."""
+        `body` is the recorded (length, CRC) of its flushed events. `appended_at` is read
+        under the lock: another process rolling the same commit forward may have moved it
+        and landed the block there since this one listed what was left to land."""
         segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
             at = self.engine.catch_up(self.row, segment)
+            found = self.engine.catalog.query_one(
+                "SELECT appended_at FROM txn_segments WHERE txn_id=? AND segment=?",
+                (self.txn_id, segment),
+            )
+            appended_at = found[0] if found else None
             if appended_at is not None and self._block_is_mine(segment, appended_at):
                 self._mark_done(segment)
                 return
@@ -358,15 +610,20 @@ class EmbeddedTransaction(Transaction):
     def _append(self, segment: int, header: bytes, body: tuple[int, int]) -> None:
         """Append the block at the segment's valid end, which `appended_at` names (caller holds
         the lock); the body is read back and checked against its recorded length and CRC."""
-        body_len, body_crc = body
+        chunks = self._checked_body(segment, *body)
+        self.engine.append_block(self.row, segment, header, chunks)
+
+    def _checked_body(self, segment: int, body_len: int, body_crc: int) -> list[bytes]:
+        """The flushed body of a segment, checked against its recorded length and CRC: never
+        land a block that would fail its own checksum."""
         chunks = self._body(segment, body_len)
         found = 0
         for chunk in chunks:
             found = crc32(chunk, found)
-        if found != body_crc:  # never land a block that would fail its own checksum
+        if found != body_crc:
             msg = f"its flushed events for segment {segment} are damaged (checksum mismatch)"
             raise TxnFailed(self.txn_id, "committing", msg)
-        self.engine.append_block(self.row, segment, header, chunks)
+        return chunks
 
     def _block_is_mine(self, segment: int, offset: int) -> bool:
         block = self.engine.block_at(self.row, segment, offset)
@@ -403,15 +660,26 @@ class EmbeddedTransaction(Transaction):
             path.unlink(missing_ok=True)
 
     def abort(self) -> None:
-        with self.engine.catalog.write() as db:
-            state = db.execute("SELECT state FROM txns WHERE txn_id=?", (self.txn_id,)).fetchone()[
-                0
-            ]
-            if state in ("committing", "committed"):
-                raise TxnFailed(self.txn_id, state, "it is already committed; it cannot be aborted")
-            db.execute(
-                "UPDATE txns SET state='aborted', finished_ns=? WHERE txn_id=?",
-                (now_ns(), self.txn_id),
-            )
+        """Abort, unless it is committed or being committed (`TxnFailed`). An open transaction
+        is aborted only once every segment is caught up: a block of it that a power cut left
+        in a segment, with the catalog rows that said so lost, commits it instead."""
+        while (state := self._settled_state()) == "open" or state == "landing":
+            self._catch_up_all()
+            if self._abort_if_open():
+                break
+        if state in ("committing", "committed"):
+            raise TxnFailed(self.txn_id, state, "it is already committed; it cannot be aborted")
         self._pending.clear()
         self._remove_bodies()
+
+    def _abort_if_open(self) -> bool:
+        """Record `aborted` if the transaction is still open; False if a commit started."""
+        with self.engine.catalog.write() as db:
+            self._state_row(db)
+            return bool(
+                db.execute(
+                    "UPDATE txns SET state='aborted', finished_ns=? WHERE txn_id=?"
+                    " AND state='open'",
+                    (now_ns(), self.txn_id),
+                ).rowcount
+            )

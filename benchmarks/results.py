@@ -49,7 +49,8 @@ all so): one section per script and variant (`collectors.py --load`), replaced w
 script runs again. Every figure is measured side by side with its peer in the same run; the
 ratio (Sluice's figure over the peer's: above 1 for a rate, below 1 for a time or a latency,
 means Sluice is ahead) is the comparison that holds across machines, the absolute figures
-hold for the machine described under each section. What each script measures, and against what: [README.md](README.md).
+hold for the machine described under each section. What each script measures, and against
+what: [README.md](README.md).
 
 A section measured while other work was running (1-minute load average before the run at
 least 0.5 per core, or at least 1.5 per core after it) says so at its top.
@@ -300,8 +301,8 @@ def load_warning(before: Load, after: Load, cores: int) -> str | None:
     worst = max(before.one, after.one)
     return (
         f"Measured under load (1-min load average {worst:.2f} on {cores} cores): other work"
-        " (in a `make bench`, the script just before, whose load is still decaying) shared"
-        " the machine, so the figures may be lower and noisier than on an idle one."
+        " shared the machine (in a `make bench`, at least the script just before, whose load"
+        " is still decaying), so the figures may be lower and noisier than on an idle one."
     )
 
 

@@ -6,7 +6,8 @@ The same events become one Parquet row per sample by the export job's code path 
 source ranges -> `sluice-export` tasks, as one batch), by DuckDB (`read_ndjson`, `unnest`,
 `COPY`) and by Spark's own JSON reader (`arrays_zip` + `explode`), on the same cores; Spark
 is warmed up first, each contender's best of `--repeat` rounds counts, and every output is
-checked to hold events x samples rows first (`benchmarks/README.md`)."""
+checked to hold events x samples rows first. `--profile` also breaks one task's work into
+its stages, in this process (`benchmarks/README.md`)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,22 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
+from pipeline.durable import fsync_path
+from pipeline.schemas import Events, Flattened, FlattenPlan, flatten, flatten_plan
+from pipeline.spark.export_writer import by_hour, export_task, parquet_options, range_events
+from pipeline.spark.options import ExportOptions
+from pipeline.spark.reading import RANGE_ARROW
 from pipeline.spark.session import SparkSettings, spark_session
 from pipeline.streams import open_store
 
@@ -80,12 +91,148 @@ def parquet_rows(pattern: str) -> int:
     return duckdb.connect().execute(query).fetchall()[0][0]
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage of a task's work: its best time of the profile's rounds, CPU or wall."""
+
+    name: str
+    seconds: float
+    clock: str = "cpu"
+
+
+def best_of(run: Callable[[], object], rounds: int) -> tuple[float, float]:
+    """The least CPU time (this process) and the least wall time of `rounds` runs of `run`."""
+    cpu = wall = float("inf")
+    for _ in range(rounds):
+        started, ticks = time.perf_counter(), time.process_time()
+        run()
+        cpu = min(cpu, time.process_time() - ticks)
+        wall = min(wall, time.perf_counter() - started)
+    return cpu, wall
+
+
+def profile(uri: str, stream: str, root: Path, rounds: int) -> list[Stage]:
+    """One task's work stage by stage, in this process, on the events of segment 0 (what the
+    benchmark's task for segment 0 does): CPU of each stage, the fsync's wall, then each
+    segment's whole task (`export_task`) as one, CPU and wall."""
+    plan = flatten_plan("NetworkSamples")
+    with open_store(uri) as store:
+        heads = store.head(stream).segments
+        spans = {seg: (heads[seg], end) for seg, end in store.tail(stream).positions}
+    chunks = list(range_events(uri, stream, 0, spans[0]))
+    read = best_of(lambda: list(range_events(uri, stream, 0, spans[0])), rounds)[0]
+    stages = [Stage("read the range from the store", read), *flatten_stages(plan, chunks, rounds)]
+    results = [flatten(plan, chunk, dictionary=True) for chunk in chunks]
+    split = best_of(lambda: [list(by_hour(r.rows, r.time_ns)) for r in results], rounds)[0]
+    stages.append(Stage("split the rows by event hour", split))
+    stages += parquet_stages(plan, results, root / "profile", rounds)
+    for seg, span in sorted(spans.items()):
+        task = partial(one_task, plan, uri, stream, (seg, *span), root)
+        cpu, wall = best_of(task, rounds)
+        name = f"whole task of segment {seg} (export_task)"
+        stages += [Stage(name, cpu), Stage(name, wall, "wall")]
+    return stages
+
+
+def flatten_stages(plan: FlattenPlan, chunks: list[Events], rounds: int) -> list[Stage]:
+    """`flatten`, and the two parts of it measured on their own: msgspec's decode of every
+    event, numpy's parse of every number array's text (joined per array, as flatten does)."""
+    payloads = [p for chunk in chunks for p in chunk.payloads]
+    decode = best_of(lambda: [plan.fast.decode(p) for p in payloads], rounds)[0]
+    decoded = [plan.fast.decode(p) for p in payloads]
+    dtypes = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
+    texts = [
+        (b",".join(memoryview(attrgetter(".".join(path))(obj))[1:-1] for obj in decoded), avro)
+        for path, avro in plan.number_arrays.items()
+    ]
+    parse = best_of(lambda: [np.fromstring(t, dtypes[a], sep=",") for t, a in texts], rounds)[0]
+    whole = best_of(lambda: [flatten(plan, c, dictionary=True) for c in chunks], rounds)[0]
+    return [
+        Stage("flatten: JSON decode (msgspec; number arrays kept as text)", decode),
+        Stage("flatten: number parsing (numpy fromstring)", parse),
+        Stage("flatten: the rest (joins, counts, checks, Arrow arrays)", whole - decode - parse),
+    ]
+
+
+def parquet_stages(
+    plan: FlattenPlan, results: list[Flattened], out: Path, rounds: int
+) -> list[Stage]:
+    """The rows written as a task writes them (one file per event hour, the export's Parquet
+    options), then again without compression: encoding and statistics, zstd; the fsync."""
+    buckets: dict[int, list[pa.Table]] = {}
+    for result in results:
+        for hour, part in by_hour(result.rows, result.time_ns):
+            buckets.setdefault(hour, []).append(part)
+
+    def write(**override: object) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for hour, parts in buckets.items():
+            options = {**parquet_options(plan), **override}
+            with pq.ParquetWriter(out / f"{hour}.parquet", parts[0].schema, **options) as file:
+                for part in parts:
+                    file.write_table(part)
+
+    zstd = best_of(write, rounds)[0]
+    plain = best_of(lambda: write(compression="none"), rounds)[0]
+    write()
+    fsync = best_of(lambda: fsync_all(out), 1)[1]
+    shutil.rmtree(out)
+    return [
+        Stage("Parquet: encoding and statistics", plain),
+        Stage("Parquet: zstd", zstd - plain),
+        Stage("fsync the files and their directory", fsync, "wall"),
+    ]
+
+
+def fsync_all(directory: Path) -> None:
+    for path in directory.iterdir():
+        fsync_path(path)
+    fsync_path(directory)
+
+
+def one_task(
+    plan: FlattenPlan, uri: str, stream: str, span: tuple[int, int, int], root: Path
+) -> None:
+    """`export_task` on one segment's range, as the export's task for it runs, outside Spark."""
+    out = root / "profile-task"
+    options = {"schema": plan.name, "output": str(out), "formats": "parquet"}
+    opts = ExportOptions.parse({**options, "maxRowsPerFile": "5000000"})
+    row = [[uri], [stream], *([value] for value in span)]  # segment, start, end
+    export_task(opts, iter([pa.RecordBatch.from_arrays(row, schema=RANGE_ARROW)]))
+    shutil.rmtree(out)
+
+
+def profile_notes(stages: list[Stage], sluice_wall: float) -> list[str]:
+    """The profile as lines: each CPU stage in ms with its share of all of them, the wall
+    stages, the whole tasks; then Spark's part of the best sluice wall (planning, starting
+    the tasks, the commit): that wall less the longer whole task's wall in this process."""
+    parts = [s for s in stages if s.clock == "cpu" and not s.name.startswith("whole")]
+    total = sum(s.seconds for s in parts)
+    lines = [f"{s.name}: {s.seconds * 1e3:.0f} ms CPU ({s.seconds / total:.0%})" for s in parts]
+    lines.append(f"all the stages above: {total * 1e3:.0f} ms CPU")
+    lines += [
+        f"{s.name}: {s.seconds * 1e3:.0f} ms {s.clock.upper()}" for s in stages if s not in parts
+    ]
+    longest = max(s.seconds for s in stages if s.name.startswith("whole") and s.clock == "wall")
+    spark = sluice_wall - longest
+    lines.append(
+        f"Spark's part (planning, starting the tasks, the commit): best sluice wall "
+        f"{sluice_wall:.2f} s - the longer task's wall {longest:.2f} s = {spark * 1e3:.0f} ms "
+        f"({spark / sluice_wall:.0%} of the wall)"
+    )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--profile", action="store_true", help="also break one task's work into its stages"
+    )
     Recorder.add_option(parser)
     args = parser.parse_args()
     recorder = Recorder(__file__, __doc__, args.workdir)
@@ -176,6 +323,14 @@ def main() -> None:
     print(f"spark session start-up (once per job): {startup:.1f} s")
     print(f"sluice / duckdb     = {results['sluice'] / results['duckdb']:.2f}x")
     print(f"sluice / spark-json = {results['sluice'] / results['spark-json']:.2f}x")
+    notes = []
+    if args.profile:
+        notes = profile_notes(
+            profile(uri, "bench/network", root, args.repeat), min(times["sluice"])
+        )
+        print("one task's work (segment 0's events), stage by stage:")
+        for note in notes:
+            print(f"  {note}")
     if args.workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     if args.write_results:
@@ -185,7 +340,7 @@ def main() -> None:
             for peer in ("duckdb", "spark-json")
         ]
         figures.append(Figure("Spark session start-up (once per job)", "s", startup))
-        print(f"wrote {recorder.write(figures)}")
+        print(f"wrote {recorder.write(figures, notes)}")
 
 
 if __name__ == "__main__":

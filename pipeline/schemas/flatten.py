@@ -248,7 +248,7 @@ def _joined_numbers(raws: list, avro: str) -> tuple[np.ndarray, np.ndarray] | No
     ends = np.cumsum(sizes + 1) - 1
     commas = map(text.count, repeat(b","), (ends - sizes).tolist(), ends.tolist())
     counts = np.fromiter(commas, dtype=np.int64, count=len(inner)) + 1
-    try:
+    try:  # no `count=`: numpy would stop there unchecked, reading "2.5" as 2
         values = np.fromstring(text, dtype=_NP[avro], sep=",")
     except (ValueError, DeprecationWarning):
         return None

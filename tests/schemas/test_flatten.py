@@ -476,3 +476,15 @@ def test_awkward_arrays_among_plain_events(field, text, rows):
     assert middle.drop_columns(["_offset"]).to_pylist() == expected
     reasons = [q["reason"] for q in alone.quarantine.to_pylist()]
     assert [q["reason"] for q in result.quarantine.to_pylist()] == reasons
+
+
+def test_dictionary_columns_hold_each_distinct_value_once(nic):
+    events = events_of(encode(nic_event(0), nic_event(1, Interface="ens34"), nic_event(2)))
+    plain = flatten(nic, events)
+    coded = flatten(nic, events, dictionary=True)
+    assert coded.rows.cast(plain.rows.schema).equals(plain.rows)
+    sizes = {
+        name: len(coded.rows.column(name).chunk(0).dictionary)
+        for name in ("RemoteAddr", "Interface", "_segment", "_offset")
+    }
+    assert sizes == {"RemoteAddr": 1, "Interface": 2, "_segment": 1, "_offset": 3}

@@ -1,10 +1,11 @@
 """Flatten a batch of JSON events into Arrow rows through a `FlattenPlan`; quarantine the bad.
 
-Runs in Spark executors and must be fast: msgspec decodes an event into a typed struct whose
-number arrays stay raw JSON text, parsed straight into numpy arrays; anything unusual goes
-through a strict decoder that gives the exact answer, the same as the fast path would. An
-event that is not UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays
-is quarantined with its payload, position and reason, never dropped (`DESIGN.md`)."""
+Runs in Spark executors and must be fast: msgspec decodes each event into a typed struct whose
+number arrays stay raw JSON text, and each array's text of the whole batch is parsed by one
+numpy call; anything unusual sends the batch event by event, through a strict decoder where
+needed, which gives the exact answer, the same as the fast path would. An event that is not
+UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays is quarantined
+with its payload, position and reason, never dropped (`DESIGN.md`)."""
 
 from __future__ import annotations
 
@@ -208,9 +209,12 @@ def _all_at_once(plan: FlattenPlan, payloads: Sequence[bytes | None]) -> _Good |
 
 
 def _columnar(plan: FlattenPlan) -> bool:
-    """Whether every array of the plan is an array of numbers (the fast decoder keeps those
-    as raw JSON text, the only arrays `_all_at_once` handles)."""
-    return all(path in plan.number_arrays for path in plan.arrays)
+    """Whether every array of the plan is a required array of numbers: the fast decoder keeps
+    those as raw JSON text, the only arrays `_all_at_once` handles (an optional one, or one
+    of optional numbers, decodes as a list)."""
+    samples = [c for c in plan.columns if c.kind == "sample"]
+    numbers = all(path in plan.number_arrays for path in plan.arrays)
+    return numbers and not any(c.nullable for c in samples)
 
 
 def _utf8(payload: bytes) -> bool:

@@ -167,15 +167,17 @@ def _latin1(value: Any) -> Any:
 
 
 def parquet_options(plan: FlattenPlan) -> dict[str, Any]:
-    """Encodings per column, chosen for speed of writing (zstd on top of all of them).
+    """Encodings per column, chosen for speed of writing (zstd on top of all of them, at its
+    fast level -1: on the NIC export, about a tenth less Parquet CPU than its default level
+    for about 1% more bytes).
 
     Dictionary pages only for values that repeat within an event (its scalars, its
     position): trying dictionaries on per-sample counters costs about half the write time and
     then falls back to plain pages anyway. Delta encoding for the sample index and an integer
     event-time column: their steps are nearly constant, so there is little left to compress.
     Statistics (min/max) only for the columns queries prune by. Values go to the encoders in
-    batches of 64 Ki rows, not 1 Ki: the statistics of a dictionary column are computed per
-    batch, and most of their cost was per batch.
+    batches of 64 Ki rows rather than 1 Ki: fewer rounds of per-batch work (a dictionary
+    column's statistics, the page-size checks) for the same pages' content.
     """
     scalars = [c.name for c in plan.columns if c.kind == "scalar"]
     delta = ["_sample"]
@@ -184,6 +186,7 @@ def parquet_options(plan: FlattenPlan) -> dict[str, Any]:
         delta.append(time[0])
     return {
         "compression": "zstd",
+        "compression_level": -1,
         "use_dictionary": [*scalars, "_segment", "_offset"],
         "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
         # min/max where queries prune by them: sensor, time, position (not every counter)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import numpy as np
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 from pipeline.durable import fsync_path
-from pipeline.schemas import Events, Flattened, FlattenPlan, flatten, flatten_plan
+from pipeline.schemas import FlattenPlan, flatten, flatten_plan
 from pipeline.spark.export_writer import by_hour, export_task, parquet_options, range_events
 from pipeline.spark.options import ExportOptions
 from pipeline.spark.reading import RANGE_ARROW
@@ -37,6 +38,7 @@ from pipeline.spark.session import SparkSettings, spark_session
 from pipeline.streams import open_store
 
 T0 = 1_609_363_757_807_000_000
+R = TypeVar("R")
 
 
 def nic_payload(i: int, samples: int) -> bytes:
@@ -113,19 +115,18 @@ def best_of(run: Callable[[], object], rounds: int) -> tuple[float, float]:
 
 def profile(uri: str, stream: str, root: Path, rounds: int) -> list[Stage]:
     """One task's work stage by stage, in this process, on the events of segment 0 (what the
-    benchmark's task for segment 0 does): CPU of each stage, the fsync's wall, then each
-    segment's whole task (`export_task`) as one, CPU and wall."""
+    benchmark's task for segment 0 does), chunk after chunk as the task goes (`task_pass`):
+    each stage's CPU, the least of `rounds` passes; the fsync's wall; then each segment's
+    whole task (`export_task`) as one, CPU and wall."""
     plan = flatten_plan("NetworkSamples")
     with open_store(uri) as store:
         heads = store.head(stream).segments
         spans = {seg: (heads[seg], end) for seg, end in store.tail(stream).positions}
-    chunks = list(range_events(uri, stream, 0, spans[0]))
-    read = best_of(lambda: list(range_events(uri, stream, 0, spans[0])), rounds)[0]
-    stages = [Stage("read the range from the store", read), *flatten_stages(plan, chunks, rounds)]
-    results = [flatten(plan, chunk, dictionary=True) for chunk in chunks]
-    split = best_of(lambda: [list(by_hour(r.rows, r.time_ns)) for r in results], rounds)[0]
-    stages.append(Stage("split the rows by event hour", split))
-    stages += parquet_stages(plan, results, root / "profile", rounds)
+    passes = [task_pass(plan, uri, stream, spans[0], root / "profile") for _ in range(rounds)]
+    stages = [
+        Stage(name, min(p[name] for p in passes), "wall" if "fsync" in name else "cpu")
+        for name in passes[0]
+    ]
     for seg, span in sorted(spans.items()):
         task = partial(one_task, plan, uri, stream, (seg, *span), root)
         cpu, wall = best_of(task, rounds)
@@ -134,55 +135,83 @@ def profile(uri: str, stream: str, root: Path, rounds: int) -> list[Stage]:
     return stages
 
 
-def flatten_stages(plan: FlattenPlan, chunks: list[Events], rounds: int) -> list[Stage]:
-    """`flatten`, and the two parts of it measured on their own: msgspec's decode of every
-    event, numpy's parse of every number array's text (joined per array, as flatten does)."""
-    payloads = [p for chunk in chunks for p in chunk.payloads]
-    decode = best_of(lambda: [plan.fast.decode(p) for p in payloads], rounds)[0]
-    decoded = [plan.fast.decode(p) for p in payloads]
-    dtypes = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
-    texts = [
-        (b",".join(memoryview(attrgetter(".".join(path))(obj))[1:-1] for obj in decoded), avro)
-        for path, avro in plan.number_arrays.items()
-    ]
-    parse = best_of(lambda: [np.fromstring(t, dtypes[a], sep=",") for t, a in texts], rounds)[0]
-    whole = best_of(lambda: [flatten(plan, c, dictionary=True) for c in chunks], rounds)[0]
-    return [
-        Stage("flatten: JSON decode (msgspec; number arrays kept as text)", decode),
-        Stage("flatten: number parsing (numpy fromstring)", parse),
-        Stage("flatten: the rest (joins, counts, checks, Arrow arrays)", whole - decode - parse),
-    ]
-
-
-def parquet_stages(
-    plan: FlattenPlan, results: list[Flattened], out: Path, rounds: int
-) -> list[Stage]:
-    """The rows written as a task writes them (one file per event hour, the export's Parquet
-    options), then again without compression: encoding and statistics, zstd; the fsync."""
-    buckets: dict[int, list[pa.Table]] = {}
-    for result in results:
-        for hour, part in by_hour(result.rows, result.time_ns):
-            buckets.setdefault(hour, []).append(part)
-
-    def write(**override: object) -> None:
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        for hour, parts in buckets.items():
-            options = {**parquet_options(plan), **override}
-            with pq.ParquetWriter(out / f"{hour}.parquet", parts[0].schema, **options) as file:
-                for part in parts:
-                    file.write_table(part)
-
-    zstd = best_of(write, rounds)[0]
-    plain = best_of(lambda: write(compression="none"), rounds)[0]
-    write()
-    fsync = best_of(lambda: fsync_all(out), 1)[1]
+def task_pass(
+    plan: FlattenPlan, uri: str, stream: str, span: tuple[int, int], out: Path
+) -> dict[str, float]:
+    """A task's loop over its chunks, each stage timed (CPU) as it runs: read a chunk; decode
+    its events with msgspec, and join and parse its number arrays' texts with numpy, each also
+    done on its own to time it; flatten it (`flatten` less those two is the rest of it); split
+    by hour; write each hour's rows to that hour's file (the export's Parquet options) and, to
+    time zstd, again to a file without compression; then close the files and fsync the
+    task's ones and their directory (wall)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    spent: dict[str, float] = dict.fromkeys(PROFILE_STAGES, 0.0)
+    files: dict[tuple[str, int], pq.ParquetWriter] = {}
+    chunks = range_events(uri, stream, 0, span)
+    while (chunk := timed_stage(spent, "read", next, chunks, None)) is not None:
+        decoded = timed_stage(spent, "decode", list, map(plan.fast.decode, chunk.payloads))
+        timed_stage(spent, "parse", parse_numbers, plan, decoded)
+        result = timed_stage(spent, "rest", flatten, plan, chunk, dictionary=True)
+        parts = timed_stage(spent, "split", list, by_hour(result.rows, result.time_ns))
+        for hour, part in parts:
+            for kind, stage in (("zstd", "zstd"), ("none", "encode")):
+                writer = files.get((kind, hour)) or open_file(files, plan, out, (kind, hour), part)
+                timed_stage(spent, stage, writer.write_table, part)
+    spent["rest"] -= spent["decode"] + spent["parse"]
+    spent["zstd"] -= spent["encode"]
+    started = time.perf_counter()
+    for (kind, hour), writer in files.items():
+        writer.close()
+        if kind == "none":  # only there to time zstd: not the task's file
+            (out / f"{kind}-{hour}.parquet").unlink()
+    fsync_all(out)
+    spent["fsync"] = time.perf_counter() - started
     shutil.rmtree(out)
-    return [
-        Stage("Parquet: encoding and statistics", plain),
-        Stage("Parquet: zstd", zstd - plain),
-        Stage("fsync the files and their directory", fsync, "wall"),
-    ]
+    return {PROFILE_STAGES[key]: seconds for key, seconds in spent.items()}
+
+
+PROFILE_STAGES = {
+    "read": "read the range from the store",
+    "decode": "flatten: JSON decode (msgspec; number arrays kept as text)",
+    "parse": "flatten: number arrays joined and parsed (numpy fromstring)",
+    "rest": "flatten: the rest (counts, checks, Arrow arrays, dictionaries)",
+    "split": "split the rows by event hour",
+    "encode": "Parquet: encoding and statistics",
+    "zstd": "Parquet: zstd",
+    "fsync": "close the files, fsync them and their directory",
+}
+
+
+def timed_stage(spent: dict[str, float], stage: str, run: Callable[..., R], *args, **kw) -> R:
+    """`run(*args, **kw)`, its CPU time added to `spent[stage]`."""
+    started = time.process_time()
+    result = run(*args, **kw)
+    spent[stage] += time.process_time() - started
+    return result
+
+
+def parse_numbers(plan: FlattenPlan, decoded: list) -> list[np.ndarray]:
+    """Each number array of the events parsed by numpy from its joined text (as `flatten`)."""
+    dtypes = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
+    parsed = []
+    for path, avro in plan.number_arrays.items():
+        get = attrgetter(".".join(path))
+        text = b",".join(memoryview(get(obj))[1:-1] for obj in decoded)
+        parsed.append(np.fromstring(text, dtypes[avro], sep=","))
+    return parsed
+
+
+def open_file(
+    files: dict, plan: FlattenPlan, out: Path, key: tuple[str, int], part: pa.Table
+) -> pq.ParquetWriter:
+    """The profile's file for an hour's rows: the export's options, or without compression."""
+    options = parquet_options(plan)
+    if key[0] == "none":
+        options |= {"compression": "none", "compression_level": None}
+    path = out / f"{key[0]}-{key[1]}.parquet"
+    writer = files[key] = pq.ParquetWriter(path, part.schema, **options)
+    return writer
 
 
 def fsync_all(directory: Path) -> None:

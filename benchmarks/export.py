@@ -238,7 +238,8 @@ def profile_notes(stages: list[Stage], sluice_wall: float) -> list[str]:
     the tasks, the commit): that wall less the longer whole task's wall in this process."""
     parts = [s for s in stages if s.clock == "cpu" and not s.name.startswith("whole")]
     total = sum(s.seconds for s in parts)
-    lines = [f"{s.name}: {s.seconds * 1e3:.0f} ms CPU ({s.seconds / total:.0%})" for s in parts]
+    lines = ["one task's work (`--profile`: segment 0's events, in this process), stage by stage:"]
+    lines += [f"{s.name}: {s.seconds * 1e3:.0f} ms CPU ({s.seconds / total:.0%})" for s in parts]
     lines.append(f"all the stages above: {total * 1e3:.0f} ms CPU")
     lines += [
         f"{s.name}: {s.seconds * 1e3:.0f} ms {s.clock.upper()}" for s in stages if s not in parts
@@ -357,9 +358,7 @@ def main() -> None:
         notes = profile_notes(
             profile(uri, "bench/network", root, args.repeat), min(times["sluice"])
         )
-        print("one task's work (segment 0's events), stage by stage:")
-        for note in notes:
-            print(f"  {note}")
+        print("\n  ".join(notes))
     if args.workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     if args.write_results:

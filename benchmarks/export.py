@@ -6,7 +6,8 @@ The same events become one Parquet row per sample by the export job's code path 
 source ranges -> `sluice-export` tasks, as one batch), by DuckDB (`read_ndjson`, `unnest`,
 `COPY`) and by Spark's own JSON reader (`arrays_zip` + `explode`), on the same cores; Spark
 is warmed up first, each contender's best of `--repeat` rounds counts, and every output is
-checked to hold events x samples rows first (`benchmarks/README.md`)."""
+checked to hold events x samples rows first. `--profile` also breaks one task's work into
+its stages, in this process (`benchmarks/README.md`)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,28 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
+from pipeline.durable import fsync_path
+from pipeline.schemas import FlattenPlan, flatten, flatten_plan
+from pipeline.spark.export_writer import by_hour, export_task, parquet_options, range_events
+from pipeline.spark.options import ExportOptions
+from pipeline.spark.reading import RANGE_ARROW
 from pipeline.spark.session import SparkSettings, spark_session
 from pipeline.streams import open_store
 
 T0 = 1_609_363_757_807_000_000
+R = TypeVar("R")
 
 
 def nic_payload(i: int, samples: int) -> bytes:
@@ -80,12 +93,176 @@ def parquet_rows(pattern: str) -> int:
     return duckdb.connect().execute(query).fetchall()[0][0]
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage of a task's work: its best time of the profile's rounds, CPU or wall."""
+
+    name: str
+    seconds: float
+    clock: str = "cpu"
+
+
+def best_of(run: Callable[[], object], rounds: int) -> tuple[float, float]:
+    """The least CPU time (this process) and the least wall time of `rounds` runs of `run`."""
+    cpu = wall = float("inf")
+    for _ in range(rounds):
+        started, ticks = time.perf_counter(), time.process_time()
+        run()
+        cpu = min(cpu, time.process_time() - ticks)
+        wall = min(wall, time.perf_counter() - started)
+    return cpu, wall
+
+
+def profile(uri: str, stream: str, root: Path, rounds: int) -> list[Stage]:
+    """One task's work stage by stage, in this process, on the events of segment 0 (what the
+    benchmark's task for segment 0 does), chunk after chunk as the task goes (`task_pass`):
+    each stage's CPU, the least of `rounds` passes; the fsync's wall; then each segment's
+    whole task (`export_task`) as one, CPU and wall."""
+    plan = flatten_plan("NetworkSamples")
+    with open_store(uri) as store:
+        heads = store.head(stream).segments
+        spans = {seg: (heads[seg], end) for seg, end in store.tail(stream).positions}
+    passes = [task_pass(plan, uri, stream, spans[0], root / "profile") for _ in range(rounds)]
+    stages = [
+        Stage(name, min(p[name] for p in passes), "wall" if "fsync" in name else "cpu")
+        for name in passes[0]
+    ]
+    for seg, span in sorted(spans.items()):
+        task = partial(one_task, plan, uri, stream, (seg, *span), root)
+        cpu, wall = best_of(task, rounds)
+        name = f"whole task of segment {seg} (export_task)"
+        stages += [Stage(name, cpu), Stage(name, wall, "wall")]
+    return stages
+
+
+def task_pass(
+    plan: FlattenPlan, uri: str, stream: str, span: tuple[int, int], out: Path
+) -> dict[str, float]:
+    """A task's loop over its chunks, each stage timed (CPU) as it runs: read a chunk; decode
+    its events with msgspec, and join and parse its number arrays' texts with numpy, each also
+    done on its own to time it; flatten it (`flatten` less those two is the rest of it); split
+    by hour; write each hour's rows to that hour's file (the export's Parquet options) and, to
+    time zstd, again to a file without compression; then close the files and fsync the
+    task's ones and their directory (wall)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    spent: dict[str, float] = dict.fromkeys(PROFILE_STAGES, 0.0)
+    files: dict[tuple[str, int], pq.ParquetWriter] = {}
+    chunks = range_events(uri, stream, 0, span)
+    while (chunk := timed_stage(spent, "read", next, chunks, None)) is not None:
+        decoded = timed_stage(spent, "decode", list, map(plan.fast.decode, chunk.payloads))
+        timed_stage(spent, "parse", parse_numbers, plan, decoded)
+        result = timed_stage(spent, "rest", flatten, plan, chunk, dictionary=True)
+        parts = timed_stage(spent, "split", list, by_hour(result.rows, result.time_ns))
+        for hour, part in parts:
+            for kind, stage in (("zstd", "zstd"), ("none", "encode")):
+                writer = files.get((kind, hour)) or open_file(files, plan, out, (kind, hour), part)
+                timed_stage(spent, stage, writer.write_table, part)
+    spent["rest"] -= spent["decode"] + spent["parse"]
+    spent["zstd"] -= spent["encode"]
+    started = time.perf_counter()
+    for (kind, hour), writer in files.items():
+        writer.close()
+        if kind == "none":  # only there to time zstd: not the task's file
+            (out / f"{kind}-{hour}.parquet").unlink()
+    fsync_all(out)
+    spent["fsync"] = time.perf_counter() - started
+    shutil.rmtree(out)
+    return {PROFILE_STAGES[key]: seconds for key, seconds in spent.items()}
+
+
+PROFILE_STAGES = {
+    "read": "read the range from the store",
+    "decode": "flatten: JSON decode (msgspec; number arrays kept as text)",
+    "parse": "flatten: number arrays joined and parsed (numpy fromstring)",
+    "rest": "flatten: the rest (counts, checks, Arrow arrays, dictionaries)",
+    "split": "split the rows by event hour",
+    "encode": "Parquet: encoding and statistics",
+    "zstd": "Parquet: zstd",
+    "fsync": "close the files, fsync them and their directory",
+}
+
+
+def timed_stage(spent: dict[str, float], stage: str, run: Callable[..., R], *args, **kw) -> R:
+    """`run(*args, **kw)`, its CPU time added to `spent[stage]`."""
+    started = time.process_time()
+    result = run(*args, **kw)
+    spent[stage] += time.process_time() - started
+    return result
+
+
+def parse_numbers(plan: FlattenPlan, decoded: list) -> list[np.ndarray]:
+    """Each number array of the events parsed by numpy from its joined text (as `flatten`)."""
+    dtypes = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
+    parsed = []
+    for path, avro in plan.number_arrays.items():
+        get = attrgetter(".".join(path))
+        text = b",".join(memoryview(get(obj))[1:-1] for obj in decoded)
+        parsed.append(np.fromstring(text, dtypes[avro], sep=","))
+    return parsed
+
+
+def open_file(
+    files: dict, plan: FlattenPlan, out: Path, key: tuple[str, int], part: pa.Table
+) -> pq.ParquetWriter:
+    """The profile's file for an hour's rows: the export's options, or without compression."""
+    options = parquet_options(plan)
+    if key[0] == "none":
+        options |= {"compression": "none", "compression_level": None}
+    path = out / f"{key[0]}-{key[1]}.parquet"
+    writer = files[key] = pq.ParquetWriter(path, part.schema, **options)
+    return writer
+
+
+def fsync_all(directory: Path) -> None:
+    for path in directory.iterdir():
+        fsync_path(path)
+    fsync_path(directory)
+
+
+def one_task(
+    plan: FlattenPlan, uri: str, stream: str, span: tuple[int, int, int], root: Path
+) -> None:
+    """`export_task` on one segment's range, as the export's task for it runs, outside Spark."""
+    out = root / "profile-task"
+    options = {"schema": plan.name, "output": str(out), "formats": "parquet"}
+    opts = ExportOptions.parse({**options, "maxRowsPerFile": "5000000"})
+    row = [[uri], [stream], *([value] for value in span)]  # segment, start, end
+    export_task(opts, iter([pa.RecordBatch.from_arrays(row, schema=RANGE_ARROW)]))
+    shutil.rmtree(out)
+
+
+def profile_notes(stages: list[Stage], sluice_wall: float) -> list[str]:
+    """The profile as lines: each CPU stage in ms with its share of all of them, the wall
+    stages, the whole tasks; then Spark's part of the best sluice wall (planning, starting
+    the tasks, the commit): that wall less the longer whole task's wall in this process."""
+    parts = [s for s in stages if s.clock == "cpu" and not s.name.startswith("whole")]
+    total = sum(s.seconds for s in parts)
+    lines = ["one task's work (`--profile`: segment 0's events, in this process), stage by stage:"]
+    lines += [f"{s.name}: {s.seconds * 1e3:.0f} ms CPU ({s.seconds / total:.0%})" for s in parts]
+    lines.append(f"all the stages above: {total * 1e3:.0f} ms CPU")
+    lines += [
+        f"{s.name}: {s.seconds * 1e3:.0f} ms {s.clock.upper()}" for s in stages if s not in parts
+    ]
+    longest = max(s.seconds for s in stages if s.name.startswith("whole") and s.clock == "wall")
+    spark = sluice_wall - longest
+    lines.append(
+        f"Spark's part (planning, starting the tasks, the commit): best sluice wall "
+        f"{sluice_wall:.2f} s - the longer task's wall {longest:.2f} s = {spark * 1e3:.0f} ms "
+        f"({spark / sluice_wall:.0%} of the wall)"
+    )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--profile", action="store_true", help="also break one task's work into its stages"
+    )
     Recorder.add_option(parser)
     args = parser.parse_args()
     recorder = Recorder(__file__, __doc__, args.workdir)
@@ -176,6 +353,12 @@ def main() -> None:
     print(f"spark session start-up (once per job): {startup:.1f} s")
     print(f"sluice / duckdb     = {results['sluice'] / results['duckdb']:.2f}x")
     print(f"sluice / spark-json = {results['sluice'] / results['spark-json']:.2f}x")
+    notes = []
+    if args.profile:
+        notes = profile_notes(
+            profile(uri, "bench/network", root, args.repeat), min(times["sluice"])
+        )
+        print("\n  ".join(notes))
     if args.workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     if args.write_results:
@@ -185,7 +368,7 @@ def main() -> None:
             for peer in ("duckdb", "spark-json")
         ]
         figures.append(Figure("Spark session start-up (once per job)", "s", startup))
-        print(f"wrote {recorder.write(figures)}")
+        print(f"wrote {recorder.write(figures, notes)}")
 
 
 if __name__ == "__main__":

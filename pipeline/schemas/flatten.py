@@ -1,16 +1,19 @@
 """Flatten a batch of JSON events into Arrow rows through a `FlattenPlan`; quarantine the bad.
 
-Runs in Spark executors and must be fast: msgspec decodes an event into a typed struct whose
-number arrays stay raw JSON text, parsed straight into numpy arrays; anything unusual goes
-through a strict decoder that gives the exact answer, the same as the fast path would. An
-event that is not UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays
-is quarantined with its payload, position and reason, never dropped (`DESIGN.md`)."""
+Runs in Spark executors and must be fast: msgspec decodes each event into a typed struct whose
+number arrays stay raw JSON text, and each array's text of the whole batch is parsed by one
+numpy call; anything unusual sends the batch event by event, through a strict decoder where
+needed, which gives the exact answer, the same as the fast path would. An event that is not
+UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays is quarantined
+with its payload, position and reason, never dropped (`DESIGN.md`)."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -53,6 +56,8 @@ def quarantine_columns() -> list[dict[str, Any]]:
 _NP = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
 _I64 = np.iinfo(np.int64)
 _I32 = np.iinfo(np.int32)
+_OPEN, _CLOSE = ord("["), ord("]")
+_BLANK_OR_CLOSE = frozenset(b" \t\n\r]")
 
 
 class _FastPathMiss(Exception):
@@ -107,8 +112,19 @@ class Flattened:
     events: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Good:
+    """The events that flattened: their indices, each one's row count, each scalar column's
+    value per event, and each sample column's values over all their rows, in event order."""
+
+    index: np.ndarray
+    counts: np.ndarray
+    scalars: dict[str, list]
+    samples: dict[str, pa.Array]
+
+
 class _Columns:
-    """Per-column accumulators for the events that flattened cleanly."""
+    """Per-column accumulators for the events that flattened cleanly, one at a time."""
 
     def __init__(self, plan: FlattenPlan) -> None:
         self.plan = plan
@@ -122,28 +138,143 @@ class _Columns:
         self.counts.append(count)
         self.good.append(index)
 
+    def good_events(self) -> _Good:
+        counts = np.asarray(self.counts, dtype=np.int64)
+        scalars, samples = {}, {}
+        for column in self.plan.columns:
+            values = self.values[column.name]
+            if column.kind == "scalar":
+                scalars[column.name] = values
+            else:
+                samples[column.name] = _sample_column(column, values, counts)
+        return _Good(np.asarray(self.good, dtype=np.int64), counts, scalars, samples)
+
 
 def flatten(plan: FlattenPlan, events: Events, *, dictionary: bool = False) -> Flattened:
     """Flatten `events` (see the module doc); never raises for a bad event.
 
     `dictionary=True` returns the per-event columns (scalars, `_segment`, `_offset`) as
-    Arrow dictionary arrays over the events instead of repeating each value on every row of
-    its event: the same values, no copies, and Parquet writes them as dictionary pages as is.
+    Arrow dictionary arrays over their distinct values instead of repeating each value on
+    every row of its event: the same values, and Parquet writes them as dictionary pages as is.
     """
-    acc = _Columns(plan)
     bad: list[tuple[int, str]] = []
     with warnings.catch_warnings():
         # numpy warns (instead of failing) when text does not parse to its end.
         warnings.simplefilter("error", DeprecationWarning)
-        for index, payload in enumerate(events.payloads):
-            try:
-                count, values = _event(plan, payload)
-            except _Quarantine as exc:
-                bad.append((index, exc.reason))
-                continue
-            acc.add(index, count, values)
-    rows, time_ns = _table(plan, events, acc, dictionary)
+        good = _all_at_once(plan, events.payloads)
+        if good is None:
+            good = _one_by_one(plan, events.payloads, bad)
+    rows, time_ns = _table(plan, events, good, dictionary)
     return Flattened(rows, time_ns, _quarantine(plan, events, bad), len(events.payloads))
+
+
+def _one_by_one(
+    plan: FlattenPlan, payloads: Sequence[bytes | None], bad: list[tuple[int, str]]
+) -> _Good:
+    """Each event on its own: the exact answer for any event, rows or a quarantine reason."""
+    acc = _Columns(plan)
+    for index, payload in enumerate(payloads):
+        try:
+            count, values = _event(plan, payload)
+        except _Quarantine as exc:
+            bad.append((index, exc.reason))
+            continue
+        acc.add(index, count, values)
+    return acc.good_events()
+
+
+def _all_at_once(plan: FlattenPlan, payloads: Sequence[bytes | None]) -> _Good | None:
+    """Every event at once, column by column (`DESIGN.md`, "All at once"), or None when any
+    event needs a closer look: the batch then goes one event at a time, which gives the same
+    rows for the good events and a reason for each bad one."""
+    if not payloads or not _columnar(plan):
+        return None
+    for payload in payloads:
+        if payload is None or not (payload.isascii() or _utf8(payload)):
+            return None
+    try:
+        decoded = [plan.fast.decode(payload) for payload in payloads]
+        scalars = {c.name: _scalars(c, decoded) for c in plan.columns if c.kind == "scalar"}
+    except (msgspec.DecodeError, msgspec.ValidationError, _FastPathMiss):
+        return None
+    counts = np.ones(len(payloads), dtype=np.int64)  # an event without arrays is one row
+    numbers: dict[tuple[str, ...], np.ndarray] = {}
+    for path, avro in plan.number_arrays.items():
+        parsed = _joined_numbers([_get(obj, path) for obj in decoded], avro)
+        if parsed is None or (numbers and not np.array_equal(parsed[1], counts)):
+            return None
+        numbers[path], counts = parsed
+    samples = {c.name: _typed(c, numbers[c.array_path]) for c in plan.columns if c.kind == "sample"}
+    return _Good(np.arange(len(payloads), dtype=np.int64), counts, scalars, samples)
+
+
+def _columnar(plan: FlattenPlan) -> bool:
+    """Whether every array of the plan is a required array of numbers: the fast decoder keeps
+    those as raw JSON text, the only arrays `_all_at_once` handles (an optional one, or one
+    of optional numbers, decodes as a list)."""
+    samples = [c for c in plan.columns if c.kind == "sample"]
+    numbers = all(path in plan.number_arrays for path in plan.arrays)
+    return numbers and not any(c.nullable for c in samples)
+
+
+def _utf8(payload: bytes) -> bool:
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _scalars(column: Column, decoded: list) -> list:
+    """One scalar column's value for each decoded event."""
+    if len(column.path) == 1:
+        values = list(map(attrgetter(column.path[0]), decoded))
+    else:
+        values = [_get(obj, column.path) for obj in decoded]
+    if column.avro in ("bytes", "fixed", "map"):
+        return [_scalar(column, value) for value in values]
+    return values
+
+
+def _joined_numbers(raws: list, avro: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each event's JSON array of numbers (raw text, already checked as JSON by msgspec)
+    joined by commas and parsed by one numpy call: the values and each event's count, or None
+    when an event's array is not plain: not raw text, not an array, empty or starting with
+    white space (numpy reads a blank item as 0), or a value numpy reads differently."""
+    views = [memoryview(raw) for raw in raws if isinstance(raw, msgspec.Raw)]
+    if len(views) != len(raws):
+        return None  # an optional array: decoded as a list or None
+    if not all(v[0] == _OPEN and v[1] not in _BLANK_OR_CLOSE and v[-1] == _CLOSE for v in views):
+        return None
+    inner = [v[1:-1] for v in views]
+    text = b",".join(inner)
+    sizes = np.fromiter(map(len, inner), dtype=np.int64, count=len(inner))
+    ends = np.cumsum(sizes + 1) - 1
+    commas = map(text.count, repeat(b","), (ends - sizes).tolist(), ends.tolist())
+    counts = np.fromiter(commas, dtype=np.int64, count=len(inner)) + 1
+    try:  # no `count=`: numpy would stop there unchecked, reading "2.5" as 2
+        values = np.fromstring(text, dtype=_NP[avro], sep=",")
+    except (ValueError, DeprecationWarning):
+        return None
+    if values.size != counts.sum() or not _plain(values, avro):
+        return None
+    return values, counts
+
+
+def _plain(values: np.ndarray, avro: str) -> bool:
+    """Whether numpy read the numbers as JSON does: ints not saturated at the int64 limits
+    (nor out of an Avro int's range), floats finite."""
+    if not values.size:
+        return True
+    if avro in ("int", "long"):
+        low, high = (_I32.min, _I32.max) if avro == "int" else (_I64.min, _I64.max)
+        return bool(values.min() > low and values.max() < high)
+    return bool(np.isfinite(values).all())
+
+
+def _typed(column: Column, values: np.ndarray) -> pa.Array:
+    kind = column.arrow_type
+    return pa.array(values.astype(kind.to_pandas_dtype(), copy=False), type=kind)
 
 
 def _event(plan: FlattenPlan, payload: bytes | None) -> tuple[int, dict[str, Any]]:
@@ -261,14 +392,18 @@ def _numbers(raw: msgspec.Raw, avro: str) -> np.ndarray:
 
 
 def _table(
-    plan: FlattenPlan, events: Events, acc: _Columns, dictionary: bool
+    plan: FlattenPlan, events: Events, good: _Good, dictionary: bool
 ) -> tuple[pa.Table, np.ndarray]:
-    counts = np.asarray(acc.counts, dtype=np.int64)
-    good = np.asarray(acc.good, dtype=np.int64)
-    parent = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-    arrays = [_column(c, acc.values[c.name], counts, parent, dictionary) for c in plan.columns]
-    segments = np.asarray(events.segments, dtype=np.int32)[good]
-    offsets = np.asarray(events.offsets, dtype=np.int64)[good]
+    counts, index = good.counts, good.index
+    parent = pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts))
+    arrays = [
+        _scalar_column(c, good.scalars[c.name], parent, dictionary)
+        if c.kind == "scalar"
+        else good.samples[c.name]
+        for c in plan.columns
+    ]
+    segments = np.asarray(events.segments, dtype=np.int32)[index]
+    offsets = np.asarray(events.offsets, dtype=np.int64)[index]
     arrays += [
         _per_event(segments, counts, parent, dictionary),
         _per_event(offsets, counts, parent, dictionary),
@@ -279,19 +414,42 @@ def _table(
         for f, a in zip(plan.arrow_schema, arrays, strict=True)
     ]
     rows = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-    ingest = np.asarray(events.ingest_ns, dtype=np.int64)[good]
-    return rows, _event_time(plan, rows, lambda: np.repeat(ingest, counts))
+    ingest = np.asarray(events.ingest_ns, dtype=np.int64)[index]
+    time = None if plan.time is None else arrays[plan.arrow_schema.get_field_index(plan.time.name)]
+    return rows, _event_time(plan, time, lambda: np.repeat(ingest, counts))
+
+
+def _scalar_column(column: Column, values: list, parent: pa.Array, dictionary: bool) -> pa.Array:
+    """A scalar column: each event's value on each of its rows."""
+    scalars = pa.array(values, type=column.arrow_type)
+    if dictionary and not scalars.null_count:
+        return _dictionary(scalars, parent)
+    return scalars.take(parent)
 
 
 def _per_event(
-    values: np.ndarray, counts: np.ndarray, parent: np.ndarray, dictionary: bool
+    values: np.ndarray, counts: np.ndarray, parent: pa.Array, dictionary: bool
 ) -> pa.Array:
     """A value per event, repeated on each of its rows."""
     if dictionary:
-        return pa.DictionaryArray.from_arrays(pa.array(parent), pa.array(values))
+        return _dictionary(pa.array(values), parent)
     if len(values) and (values == values[0]).all():
         return pa.array(np.full(len(parent), values[0], dtype=values.dtype))
     return pa.array(np.repeat(values, counts))
+
+
+def _dictionary(values: pa.Array, parent: pa.Array) -> pa.DictionaryArray:
+    """`values` (one per event) on their events' rows, as a dictionary array over the
+    distinct values: one entry when every event has the same (a sensor's name, a segment)."""
+    encoded = values.dictionary_encode()
+    distinct = len(encoded.dictionary)
+    if distinct == len(values):
+        return pa.DictionaryArray.from_arrays(parent, values)
+    if distinct == 1:
+        indices = pa.array(np.zeros(len(parent), dtype=np.int32))
+    else:
+        indices = encoded.indices.take(parent)
+    return pa.DictionaryArray.from_arrays(indices, encoded.dictionary)
 
 
 def _sample_index(counts: np.ndarray) -> np.ndarray:
@@ -303,15 +461,9 @@ def _sample_index(counts: np.ndarray) -> np.ndarray:
     return index.astype(np.int32)
 
 
-def _column(
-    column: Column, values: list, counts: np.ndarray, parent: np.ndarray, dictionary: bool
-) -> pa.Array:
+def _sample_column(column: Column, values: list, counts: np.ndarray) -> pa.Array:
+    """A sample column from each event's values (an array, a list, or None: no array)."""
     kind = column.arrow_type
-    if column.kind == "scalar":
-        scalars = pa.array(values, type=kind)
-        if dictionary and not scalars.null_count:
-            return pa.DictionaryArray.from_arrays(pa.array(parent), scalars)
-        return scalars.take(pa.array(parent))
     if column.avro in NUMERIC and not column.path:
         dtype = _NP[column.avro]
         chunks = [
@@ -329,16 +481,20 @@ def _column(
     return pa.array(flat, type=kind)
 
 
-def _event_time(plan: FlattenPlan, rows: pa.Table, ingest: Callable[[], np.ndarray]) -> np.ndarray:
+def _event_time(
+    plan: FlattenPlan, column: pa.Array | None, ingest: Callable[[], np.ndarray]
+) -> np.ndarray:
     """Each row's event time in ns: the plan's time column, else the event's ingest time."""
-    if plan.time is None or rows.num_rows == 0:
+    if plan.time is None or column is None or len(column) == 0:
         return ingest()
-    column = rows.column(plan.time.name)
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
+    unit = plan.time.ns_per_unit
     if not column.null_count:
-        return column.to_numpy().astype(np.int64, copy=False) * plan.time.ns_per_unit
-    values = column.fill_null(0).to_numpy().astype(np.int64) * plan.time.ns_per_unit
+        values = column.to_numpy()
+        # a new array (never a view of the rows' buffer), as the multiplication makes one
+        return values.astype(np.int64) if unit == 1 else values.astype(np.int64) * unit
+    values = column.fill_null(0).to_numpy().astype(np.int64) * unit
     nulls = column.is_null().to_numpy(zero_copy_only=False)
     return np.where(nulls, ingest(), values)
 

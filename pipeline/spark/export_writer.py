@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,27 @@ def bucket_of(hour: int) -> str:
     """`date=…/hour=…` of an hour number (hours since the epoch, UTC)."""
     start = datetime.fromtimestamp(hour * 3600, tz=UTC)
     return f"date={start:%Y-%m-%d}/hour={start:%H}"
+
+
+def by_hour(rows: pa.Table, time_ns: np.ndarray) -> Iterator[tuple[int, pa.Table]]:
+    """The rows of each event hour (`time_ns`: each row's event time), hours in ascending
+    order, rows in their order: slices of `rows` when the times are sorted, as a collector
+    writes them; else each hour's rows picked out."""
+    low, high = int(time_ns.min()) // HOUR_NS, int(time_ns.max()) // HOUR_NS
+    if low == high:
+        yield low, rows
+        return
+    if (time_ns[:-1] <= time_ns[1:]).all():
+        # the first row of each later hour: the first time at or after the hour's start
+        starts = np.searchsorted(time_ns, np.arange(low + 1, high + 1) * HOUR_NS).tolist()
+        bounds = pairwise([0, *starts, len(time_ns)])
+        for hour, (start, end) in zip(range(low, high + 1), bounds, strict=True):
+            if end > start:
+                yield hour, rows.slice(start, end - start)
+        return
+    hours = time_ns // HOUR_NS
+    for hour in np.unique(hours).tolist():
+        yield hour, rows.filter(pa.array(hours == hour))
 
 
 @dataclass
@@ -67,13 +89,9 @@ class _TaskFiles:
     def write_rows(self, rows: pa.Table, time_ns: np.ndarray) -> None:
         if rows.num_rows == 0:
             return
-        hours = time_ns // HOUR_NS
-        low, high = int(hours.min()), int(hours.max())
-        distinct = [low] if low == high else np.unique(hours).tolist()
-        for hour in distinct:
-            part = rows.filter(pa.array(hours == hour)) if len(distinct) > 1 else rows
+        for hour, part in by_hour(rows, time_ns):
             for kind in self.opts.formats:
-                self._append(kind, bucket_of(int(hour)), part)
+                self._append(kind, bucket_of(hour), part)
 
     def write_quarantine(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -149,13 +167,17 @@ def _latin1(value: Any) -> Any:
 
 
 def parquet_options(plan: FlattenPlan) -> dict[str, Any]:
-    """Encodings per column, chosen for speed of writing (zstd on top of all of them).
+    """Encodings per column, chosen for speed of writing (zstd on top of all of them, at its
+    fast level -1: on the NIC export, about a tenth less Parquet CPU than its default level
+    for about 1% more bytes).
 
     Dictionary pages only for values that repeat within an event (its scalars, its
     position): trying dictionaries on per-sample counters costs about half the write time and
     then falls back to plain pages anyway. Delta encoding for the sample index and an integer
     event-time column: their steps are nearly constant, so there is little left to compress.
-    Statistics (min/max) only for the columns queries prune by.
+    Statistics (min/max) only for the columns queries prune by. Values go to the encoders in
+    batches of 64 Ki rows rather than 1 Ki: fewer rounds of per-batch work (a dictionary
+    column's statistics, the page-size checks) for the same pages' content.
     """
     scalars = [c.name for c in plan.columns if c.kind == "scalar"]
     delta = ["_sample"]
@@ -164,10 +186,12 @@ def parquet_options(plan: FlattenPlan) -> dict[str, Any]:
         delta.append(time[0])
     return {
         "compression": "zstd",
+        "compression_level": -1,
         "use_dictionary": [*scalars, "_segment", "_offset"],
         "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
         # min/max where queries prune by them: sensor, time, position (not every counter)
         "write_statistics": [*scalars, *time, "_segment", "_offset"],
+        "write_batch_size": 64 << 10,
     }
 
 

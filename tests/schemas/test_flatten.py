@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.schemas import Events, flatten, flatten_plan, parse_schema_text
 from pipeline.schemas.plan import FlattenPlan
@@ -375,3 +377,114 @@ def test_anything_but_whole_numbers_in_a_long_array_is_refused(nic, rx):
     assert result.rows.num_rows == 0
     [reason] = result.quarantine.column("reason").to_pylist()
     assert reason.startswith(("wrong type", "invalid JSON")), reason
+
+
+# --- all at once: a batch gives the same rows as its events one at a time ----------------------
+
+BLANK = st.sampled_from(["", "", " ", "\n", "\t ", "\r\n"])
+PLAIN_LONGS = st.one_of(st.integers(-(2**63) + 1, 2**63 - 2), st.integers(-1000, 10**12)).map(str)
+LONGS = st.one_of(
+    PLAIN_LONGS,
+    PLAIN_LONGS,
+    PLAIN_LONGS,
+    st.sampled_from(
+        ["-0", "9223372036854775807", "-9223372036854775808", "9223372036854775808", "1.0",
+         "1e3", "2147483648", "-2147483649", '"7"', "null", "[1]", "{}"]
+    ),
+)  # fmt: skip
+PLAIN_DOUBLES = st.floats(allow_nan=False, allow_infinity=False).map(repr)
+DOUBLES = st.one_of(
+    PLAIN_DOUBLES,
+    PLAIN_DOUBLES,
+    st.integers(-(10**20), 10**20).map(str),
+    st.sampled_from(["1e400", "-1e400", "-0.0", "1E-400", "0.1", "true"]),
+)
+
+
+@st.composite
+def json_arrays(draw: st.DrawFn, items: dict[str, st.SearchStrategy[str]]) -> str:
+    """Parallel JSON arrays (name -> strategy of its items' text), mostly of one length, spaced
+    the ways JSON allows, some empty, some of another length, some a string instead."""
+    size = draw(st.integers(0, 4))
+    fields = []
+    for name, item in items.items():
+        length = max(0, size + draw(st.sampled_from([0] * 8 + [1, -1])))
+        values = draw(st.lists(item, min_size=length, max_size=length))
+        inner = ",".join(f"{draw(BLANK)}{v}{draw(BLANK)}" for v in values) or draw(BLANK)
+        text = draw(st.sampled_from([f"[{inner}]"] * 5 + [f'"{inner}"']))
+        fields.append(f'"{name}":{text}')
+    return ",".join(fields)
+
+
+def one_bad_event_changes_nothing_for_the_others(plan: FlattenPlan, payloads: list[bytes]):
+    """A batch flattens all at once when it can; with a bad event added it goes one event at
+    a time. The rows, event times and quarantine of the batch's events must be the same."""
+    batch = flatten(plan, events_of(payloads))
+    mixed = flatten(plan, events_of([*payloads, b"{not json"]))
+    assert batch.rows.schema == mixed.rows.schema
+    assert batch.rows.to_pylist() == mixed.rows.to_pylist()
+    assert batch.time_ns.tolist() == mixed.time_ns.tolist()
+    assert batch.quarantine.to_pylist() == mixed.quarantine.to_pylist()[:-1]
+    dictionaries = flatten(plan, events_of(payloads), dictionary=True)
+    assert dictionaries.rows.to_pylist() == batch.rows.to_pylist()
+
+
+NETWORK = {"TimestampNanos": LONGS, "RxBytes": LONGS, "TxBytes": LONGS}
+ACCELEROMETER = {"TimestampNanos": LONGS, "X": DOUBLES, "Y": DOUBLES, "Z": DOUBLES}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_arrays(NETWORK), max_size=4))
+def test_a_batch_of_network_events_flattens_as_its_events_one_at_a_time(arrays):
+    payloads = [f'{{"RemoteAddr":"a","Interface":"b",{a}}}'.encode() for a in arrays]
+    one_bad_event_changes_nothing_for_the_others(flatten_plan("NetworkSamples"), payloads)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_arrays(ACCELEROMETER), max_size=4))
+def test_a_batch_of_double_arrays_flattens_as_its_events_one_at_a_time(arrays):
+    payloads = [f'{{"RemoteAddr":"a",{a}}}'.encode() for a in arrays]
+    one_bad_event_changes_nothing_for_the_others(flatten_plan("AccelerometerSamples"), payloads)
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "rows"),
+    [
+        ("TxBytes", '"1,2"', 0),  # a string of numbers is not an array
+        ("TxBytes", "[ 1,2]", 2),
+        ("TxBytes", "[1 , 2 ]", 2),
+        ("TxBytes", "[\n1,2]", 2),
+        ("RxBytes", "[ ]", 0),  # numpy would read a blank item as 0: unequal arrays
+        ("RxBytes", "[]", 0),
+        ("RxBytes", "[1,9223372036854775807]", 2),
+        ("RxBytes", "[1,9223372036854775808]", 0),
+    ],
+)
+def test_awkward_arrays_among_plain_events(field, text, rows):
+    """Plain events around one awkward array: the same answer as that event alone."""
+    base = {"RemoteAddr": "a", "Interface": "b", "TimestampNanos": [1, 2], "RxBytes": [3, 4]}
+    plain = {**base, "TxBytes": [5, 6]}
+    awkward = json.dumps({**plain, field: 0}).replace(f'"{field}": 0', f'"{field}": {text}')
+    nic = flatten_plan("NetworkSamples")
+    payloads = [*encode(plain), awkward.encode(), *encode(plain)]
+    result = flatten(nic, events_of(payloads))
+    alone = flatten(nic, events_of([payloads[1]]))
+    assert alone.rows.num_rows == rows
+    assert result.rows.num_rows == 4 + rows
+    middle = result.rows.filter(pa.compute.equal(result.rows["_offset"], 100))
+    expected = alone.rows.drop_columns(["_offset"]).to_pylist()
+    assert middle.drop_columns(["_offset"]).to_pylist() == expected
+    reasons = [q["reason"] for q in alone.quarantine.to_pylist()]
+    assert [q["reason"] for q in result.quarantine.to_pylist()] == reasons
+
+
+def test_dictionary_columns_hold_each_distinct_value_once(nic):
+    events = events_of(encode(nic_event(0), nic_event(1, Interface="ens34"), nic_event(2)))
+    plain = flatten(nic, events)
+    coded = flatten(nic, events, dictionary=True)
+    assert coded.rows.cast(plain.rows.schema).equals(plain.rows)
+    sizes = {
+        name: len(coded.rows.column(name).chunk(0).dictionary)
+        for name in ("RemoteAddr", "Interface", "_segment", "_offset")
+    }
+    assert sizes == {"RemoteAddr": 1, "Interface": 2, "_segment": 1, "_offset": 3}

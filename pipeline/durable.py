@@ -36,6 +36,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(path: Path) -> None:
+    """`path` and whichever of its parents are missing, each new directory's name made
+    durable (its parent fsynced): a file published into them survives a power cut with the
+    directories that lead to it. Safe against another process creating them at once."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(exist_ok=True)
+        fsync_dir(directory.parent)
+
+
 def staging_name(path: Path) -> Path:
     """A hidden temporary name for a new version of `path`, unique to this writer (so two
     processes replacing one file at once never rename each other's staging file away). It

@@ -69,3 +69,17 @@ def test_writers_replacing_one_file_at_once_never_clash(tmp_path):
     assert errors == []
     assert json.loads(path.read_text())["writer"] in range(8)
     assert os.listdir(tmp_path) == ["store.json"]
+
+
+def test_make_dirs_creates_the_missing_parents_once_and_again(tmp_path, monkeypatch):
+    synced = []
+    real = durable.fsync_dir
+    monkeypatch.setattr(durable, "fsync_dir", lambda path: synced.append(path) or real(path))
+    target = tmp_path / "parquet" / "date=2026-11-23" / "hour=19"
+    durable.make_dirs(target)
+    assert target.is_dir()
+    # every new name is made durable in its parent, outermost first
+    assert synced == [tmp_path, tmp_path / "parquet", target.parent]
+    synced.clear()
+    durable.make_dirs(target)  # all there: nothing to create, nothing to sync
+    assert synced == []

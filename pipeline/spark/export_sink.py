@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
-from pipeline.durable import fsync_path
+from pipeline.durable import fsync_path, make_dirs
 from pipeline.spark.errors import BatchConflict
 from pipeline.spark.export_layout import STAGING, FilesMessage, published_name
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
@@ -74,7 +74,7 @@ def publish_files(output: Path, plan: BatchPlan, state: str, batch_id: int) -> d
     for item in plan["items"]:
         staged, final = Path(item["staged"]), output / item["final"]
         if staged.exists():
-            final.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(final.parent)  # date=…/hour=…, durable before a file is renamed in
             os.replace(staged, final)
             directories.add(final.parent)
         elif not final.exists():

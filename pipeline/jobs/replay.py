@@ -1,13 +1,15 @@
 """Replays: run a model over exactly one slice of a stream's history, and record the lineage.
 
-    result = replay(spark, store_uri, slice_id, "pipeline.models.nic:throughput")
+    result = replay(spark, store, slice_id, load_model("pipeline.models.nic:throughput"), ...)
 
-A bounded Spark read between the slice's two cuts, flattened through the stream's schema on
-the driver, filtered to the slice's sensor and time bounds, handed to the model as one pandas
-DataFrame; results, metrics and lineage are written under a run id derived from the replay's
-identity: slice, model, code version and a hash of the parameters (`ReplayKey`). Delivery:
-exactly-once per identity: a re-run writes the same bytes to the same files, and different
-parameters never share a file. The steps, the layout, and why pandas: `DESIGN.md`, "replay"."""
+The slice's segment ranges are read, flattened through the stream's schema and filtered to
+the slice's sensor and time bounds in Spark tasks (`pipeline.spark.replay_reader`, the
+export's way of reading); the driver merges their rows into one table in (event time, segment,
+offset, sample) order and hands the model one pandas DataFrame of it; results, metrics and
+lineage are written under a run id derived from the replay's identity: slice, model, code
+version and a hash of the parameters (`ReplayKey`). Delivery: exactly-once per identity: a
+re-run writes the same bytes to the same files, and different parameters never share a file.
+The steps, the layout, and why pandas: `DESIGN.md`, "replay"."""
 
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ def stream(store) -> tuple[StreamCut, StreamCut]:
         for n, host in enumerate(HOSTS):
             rates = [(k + 1) * 100 * (n + 1) + i for i in range(10)]
             t0 = T0 + k * SECOND
-            write_event(store, host, nic_payload(host, t0, counters[host], rates), (t0, t0 + 9 * MS))
+            payload = nic_payload(host, t0, counters[host], rates)
+            write_event(store, host, payload, (t0, t0 + 9 * MS))
             counters[host] += sum(rates)
         if k == 2:
             write_event(store, "edge1", b'{"RemoteAddr": "edge1", "Int', (t0, t0))

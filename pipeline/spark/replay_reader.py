@@ -18,9 +18,12 @@ Why chunks of IPC bytes, and how the order is kept: `pipeline/jobs/DESIGN.md`, "
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -235,22 +238,26 @@ def slice_rows(chunks: pa.Table, plan: FlattenPlan) -> tuple[pa.Table, pa.Table,
 
 def _merged_rows(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
     """The parts' rows, each part sorted by time and the parts in stream order, as one
-    table sorted by time (stable), dictionary columns decoded."""
+    table sorted by time (stable), dictionary columns decoded; the columns are gathered in
+    threads (numpy and Arrow release the GIL), one per core."""
     times = np.concatenate([p.column(ROW_TIME).to_numpy() for p in parts])
     order = None if _ascending(times) else np.argsort(times, kind="stable")
-    columns: list[pa.Array] = []
-    rows_of_events: tuple[list[np.ndarray], np.ndarray] | None = None
+    jobs: list[Callable[[], pa.Array]] = []
+    known: tuple[list[np.ndarray], list[int], np.ndarray] | None = None
     for field in schema:
         arrays = [p.column(field.name).combine_chunks() for p in parts]
-        if all(pa.types.is_dictionary(a.type) for a in arrays):
-            # Per-event columns share their indices (the row's event): order them once.
-            indices = [a.indices.to_numpy() for a in arrays]
-            if rows_of_events is None or not _same(rows_of_events[0], indices):
-                rows_of_events = (indices, _global_indices(arrays, indices, order))
-            values = pa.concat_arrays([a.dictionary for a in arrays])
-            columns.append(values.take(pa.array(rows_of_events[1])))
-        else:
-            columns.append(_merged(arrays, order))
+        if not all(pa.types.is_dictionary(a.type) for a in arrays):
+            jobs.append(partial(_merged, arrays, order))
+            continue
+        # Per-event columns share their indices (each row's event): order those once.
+        indices = [a.indices.to_numpy() for a in arrays]
+        sizes = [len(a.dictionary) for a in arrays]
+        if known is None or sizes != known[1] or not _same(known[0], indices):
+            known = (indices, sizes, _global_indices(sizes, indices, order))
+        values = pa.concat_arrays([a.dictionary for a in arrays])
+        jobs.append(partial(values.take, pa.array(known[2])))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        columns = list(pool.map(lambda job: job(), jobs))
     return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -259,12 +266,13 @@ def _same(known: list[np.ndarray], indices: list[np.ndarray]) -> bool:
 
 
 def _global_indices(
-    arrays: list[pa.DictionaryArray], indices: list[np.ndarray], order: np.ndarray | None
+    sizes: list[int], indices: list[np.ndarray], order: np.ndarray | None
 ) -> np.ndarray:
-    """Indices into the parts' dictionaries concatenated, in `order`."""
-    sizes = np.cumsum([0] + [len(a.dictionary) for a in arrays[:-1]])
+    """Indices into the parts' dictionaries (of `sizes` values each) concatenated, in
+    `order`."""
+    bases = np.cumsum([0, *sizes[:-1]])
     merged = np.concatenate(
-        [i.astype(np.int64) + base for i, base in zip(indices, sizes, strict=True)]
+        [i.astype(np.int64) + base for i, base in zip(indices, bases, strict=True)]
     )
     return merged if order is None else merged[order]
 

@@ -7,14 +7,16 @@ The tasks run over the range rows of the `sluice` source (`emit=ranges`), like t
 each reads its ranges from the store (`export_writer.range_events`), keeps the events of the
 slice's routing key, flattens them (`pipeline.schemas.flatten`, per-event columns as
 dictionaries), keeps the rows inside the slice's time bounds and sensor, sorts them by event
-time and ships each chunk as one row holding an Arrow IPC stream (`CHUNK_SCHEMA`): Spark
-moves the bytes as they are instead of converting every value between Arrow and its rows.
-On the driver `slice_rows` merges the chunks into one table in (event time, segment, offset,
-sample) order, with the columns of a driver-side flatten: the same rows, the same types.
+time and ships each chunk as one row (`CHUNK_SCHEMA`) that holds its rows as an Arrow IPC
+stream, or, when the executors share the driver's files, the path of a spool file holding
+it: Spark moves bytes, or only a path, instead of converting every value. On the driver
+`slice_rows` merges the chunks into one table in (event time, segment, offset, sample)
+order, with the columns of a driver-side flatten: the same rows, the same types.
 
 Delivery: the tasks hold no state and read the same events for the same cuts; Spark keeps
 the output of one attempt of each task, so the driver sees every event of the slice once.
-Why chunks of IPC bytes, and how the order is kept: `pipeline/jobs/DESIGN.md`, "replay"."""
+Why IPC bytes and spool files, and how the order is kept: `pipeline/jobs/DESIGN.md`,
+"replay"."""
 
 from __future__ import annotations
 
@@ -97,7 +99,8 @@ class SliceReader:
         inline = path = None
         if rows.num_rows and self.spool is not None:
             path = str(Path(self.spool) / f"{segment}-{start}-{uuid.uuid4().hex}.arrows")
-            _write_ipc(rows, pa.OSFile(path, "wb"))
+            with pa.OSFile(path, "wb") as sink:
+                _write_ipc(rows, sink)
         elif rows.num_rows:
             inline = _ipc(rows)
         columns = [

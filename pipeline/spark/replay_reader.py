@@ -154,7 +154,8 @@ def _kept(bounds: SliceBounds, rows: pa.Table) -> pa.Table:
     if bounds.sensor is not None and not bounds.by_key:
         keep &= _sensor_by_columns(rows, bounds)
     picked = np.flatnonzero(keep)
-    order = picked[np.argsort(times[picked], kind="stable")]
+    kept = times[picked]
+    order = picked if _ascending(kept) else picked[np.argsort(kept, kind="stable")]
     if len(order) == rows.num_rows and (len(order) < 2 or (np.diff(order) > 0).all()):
         return rows
     return rows.take(pa.array(order))

@@ -56,7 +56,8 @@ def write_nic_stream(store, stream: str, samples: int) -> None:
     writer.flush()
 
 
-def naive_replay(store, record, out: Path) -> int:
+def naive_replay(store, record, out: Path) -> tuple[int, float]:
+    """The peer: rows read and the seconds its model took (of the whole)."""
     import pandas as pd
 
     from pipeline.models.nic import throughput
@@ -77,9 +78,11 @@ def naive_replay(store, record, out: Path) -> int:
             )
         )
     frame = pd.concat(frames, ignore_index=True)
+    start = time.perf_counter()
     results, _ = throughput(frame)
+    model = time.perf_counter() - start
     results.to_parquet(out)
-    return len(frame)
+    return len(frame), model
 
 
 def bench_replay(samples: int, work: Path) -> Figure:
@@ -128,7 +131,7 @@ def bench_replay(samples: int, work: Path) -> Figure:
     steps["end"] = start + ours
     rows = result.lineage.input_rows
     start = time.perf_counter()
-    peer_rows = naive_replay(store, record, work / "naive.parquet")
+    peer_rows, peer_model = naive_replay(store, record, work / "naive.parquet")
     peer = time.perf_counter() - start
     if rows != peer_rows or rows != samples:
         msg = f"row counts differ: sluice {rows}, peer {peer_rows}, written {samples}"
@@ -148,6 +151,10 @@ def bench_replay(samples: int, work: Path) -> Figure:
     print(
         f"  where the replay's time went: read (Spark tasks read + flatten, driver merge) "
         f"{read:.2f} s, to_pandas + model {model_s:.2f} s, write {write:.2f} s"
+    )
+    print(
+        f"  the peer's model took {peer_model:.2f} s; without the model on either side: "
+        f"ratio {(peer - peer_model) / (ours - model_s):.2f}x"
     )
     store.close()
     what = f"replay a {samples:,}-sample slice (Spark local[2] + model)"

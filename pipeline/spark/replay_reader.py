@@ -296,13 +296,10 @@ def _ascending(values: np.ndarray) -> bool:
 
 
 def _merged(arrays: list[pa.Array], order: np.ndarray | None) -> pa.Array:
-    """One column of every part, concatenated, in `order`; dictionaries decoded."""
+    """One column of every part, concatenated, in `order`; dictionaries decoded. Arrow's
+    take rather than numpy's: its memory pool keeps freed pages, numpy's big arrays are
+    fresh pages from the kernel each time (measured: the merge 0.5-1.3 s against 1.3-1.8 s)."""
     arrays = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in arrays]
     if order is None:
         return pa.concat_arrays(arrays)
-    kind = arrays[0].type
-    if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and not any(
-        a.null_count for a in arrays
-    ):
-        return pa.array(np.concatenate([a.to_numpy() for a in arrays])[order], kind)
-    return pa.concat_arrays(arrays).take(pa.array(order))
+    return pa.chunked_array(arrays).take(pa.array(order)).combine_chunks()

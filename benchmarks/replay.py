@@ -1,6 +1,7 @@
 """Replay and analytics at scale, each beside a plain peer in the same run.
 
     .venv/bin/python benchmarks/replay.py [--replay-samples 10000000] [--rate-samples 100000000]
+    .venv/bin/python benchmarks/replay.py --rate-samples 0     # the replay part only
 
 1. a 10M-sample slice replayed end to end with the NIC throughput model (`sluice replay`)
    beside a plain `store.read` + `json.loads` + pandas script with the same model;
@@ -16,6 +17,7 @@ import json
 import shutil
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +56,8 @@ def write_nic_stream(store, stream: str, samples: int) -> None:
     writer.flush()
 
 
-def naive_replay(store, record, out: Path) -> int:
+def naive_replay(store, record, out: Path) -> tuple[int, float]:
+    """The peer: rows read and the seconds its model took (of the whole)."""
     import pandas as pd
 
     from pipeline.models.nic import throughput
@@ -75,9 +78,11 @@ def naive_replay(store, record, out: Path) -> int:
             )
         )
     frame = pd.concat(frames, ignore_index=True)
+    start = time.perf_counter()
     results, _ = throughput(frame)
+    model = time.perf_counter() - start
     results.to_parquet(out)
-    return len(frame)
+    return len(frame), model
 
 
 def bench_replay(samples: int, work: Path) -> Figure:
@@ -103,27 +108,54 @@ def bench_replay(samples: int, work: Path) -> Figure:
         created_by="bench",
     )
     record_slices(store, [record])
-    # The driver collects the flattened slice (10 M rows) through the JVM: give it room.
-    conf = (("spark.driver.memory", "8g"),)
-    spark = spark_session(SparkSettings(master="local[2]", conf=conf))
+    start = time.perf_counter()
+    spark = spark_session(SparkSettings(master="local[2]"))
     plan = flatten_plan("NetworkSamples")
     model = load_model("pipeline.models.nic:throughput")
-    replay(spark, store, record.slice_id, model, plan=plan, home=work / "warm")  # JVM warm-up
+    started = time.perf_counter() - start
     start = time.perf_counter()
-    result = replay(spark, store, record.slice_id, model, plan=plan, home=work / "home")
+    replay(spark, store, record.slice_id, model, plan=plan, home=work / "warm")  # first run
+    first = time.perf_counter() - start
+    steps: dict[str, float] = {}
+    start = time.perf_counter()
+    result = replay(
+        spark,
+        store,
+        record.slice_id,
+        model,
+        plan=plan,
+        home=work / "home",
+        on_step=lambda step, _count: steps.setdefault(step, time.perf_counter()),
+    )
     ours = time.perf_counter() - start
+    steps["end"] = start + ours
     rows = result.lineage.input_rows
     start = time.perf_counter()
-    peer_rows = naive_replay(store, record, work / "naive.parquet")
+    peer_rows, peer_model = naive_replay(store, record, work / "naive.parquet")
     peer = time.perf_counter() - start
     if rows != peer_rows or rows != samples:
         msg = f"row counts differ: sluice {rows}, peer {peer_rows}, written {samples}"
         raise SystemExit(msg)
+    print(f"  Spark start-up (session)               {started:8.1f} s")
+    print(
+        f"  first replay (Python workers start)    {first:8.1f} s  {rows / first:12,.0f} samples/s"
+    )
     print(
         f"  sluice replay (Spark local[2] + model)  {ours:8.1f} s  {rows / ours:12,.0f} samples/s"
+        "  <- after start-up"
     )
     print(f"  peer json+pandas (same model)          {peer:8.1f} s  {rows / peer:12,.0f} samples/s")
     print(f"  ratio peer/sluice: {peer / ours:.2f}x")
+    print(f"  after start-up rate: {rows / ours / 1e6:.2f} M samples/s (goal: >= 2)")
+    read, model_s, write = (steps[b] - steps[a] for a, b in pairwise([*steps]))
+    print(
+        f"  where the replay's time went: read (Spark tasks read + flatten, driver merge) "
+        f"{read:.2f} s, to_pandas + model {model_s:.2f} s, write {write:.2f} s"
+    )
+    print(
+        f"  the peer's model took {peer_model:.2f} s; without the model on either side: "
+        f"ratio {(peer - peer_model) / (ours - model_s):.2f}x"
+    )
     store.close()
     what = f"replay a {samples:,}-sample slice (Spark local[2] + model)"
     return Figure(what, "samples/s", rows / ours, rows / peer, "json + pandas")

@@ -1,13 +1,15 @@
 """Replays: run a model over exactly one slice of a stream's history, and record the lineage.
 
-    result = replay(spark, store_uri, slice_id, "pipeline.models.nic:throughput")
+    result = replay(spark, store, slice_id, load_model("pipeline.models.nic:throughput"), ...)
 
-A bounded Spark read between the slice's two cuts, flattened through the stream's schema on
-the driver, filtered to the slice's sensor and time bounds, handed to the model as one pandas
-DataFrame; results, metrics and lineage are written under a run id derived from the replay's
-identity: slice, model, code version and a hash of the parameters (`ReplayKey`). Delivery:
-exactly-once per identity: a re-run writes the same bytes to the same files, and different
-parameters never share a file. The steps, the layout, and why pandas: `DESIGN.md`, "replay"."""
+The slice's segment ranges are read, flattened through the stream's schema and filtered to
+the slice's sensor and time bounds in Spark tasks (`pipeline.spark.replay_reader`, the
+export's way of reading); the driver merges their rows into one table in (event time, segment,
+offset, sample) order and hands the model one pandas DataFrame of it; results, metrics and
+lineage are written under a run id derived from the replay's identity: slice, model, code
+version and a hash of the parameters (`ReplayKey`). Delivery: exactly-once per identity: a
+re-run writes the same bytes to the same files, and different parameters never share a file.
+The steps, the layout, and why pandas: `DESIGN.md`, "replay"."""
 
 from __future__ import annotations
 
@@ -16,16 +18,17 @@ import hashlib
 import importlib
 import inspect
 import json
+import shutil
+import tempfile
+import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_origin
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline import durable
 from pipeline.errors import SluiceError
@@ -42,7 +45,6 @@ LINEAGE_VERSION = 2
 #: lineage records this Sluice reads: version 1 had no `params_hash` (it is computed from
 #: `params`, which version 1 already wrote in the canonical form)
 READABLE_LINEAGE_VERSIONS = (1, 2)
-ROW_TIME, ROW_KEY = "_time_ns", "_routing_key"
 
 #: A replay's long steps, in order: reading the slice (told the bytes between its cuts),
 #: running the model (the rows it gets), writing the results (the rows it returned).
@@ -389,82 +391,90 @@ def is_empty(record: SliceRecord) -> bool:
     return all(offset <= begin.get(segment, 0) for segment, offset in end.positions)
 
 
-def read_events(spark: SparkSession, store_uri: str, record: SliceRecord) -> tuple[pa.Table, int]:
-    """The slice's events (rows of the `sluice` source) on the driver, in stream order, and
-    how many events lie between the cuts. A slice of one routing key is filtered in Spark,
-    before anything travels to the driver; the count is of every event read. An empty slice
-    is not read at all (a bounded read of nothing has no partitions to plan)."""
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
+def read_slice(
+    spark: SparkSession,
+    store_uri: str,
+    record: SliceRecord,
+    plan: FlattenPlan,
+    spool: Path | None = None,
+) -> tuple[pa.Table, pa.Table, int]:
+    """(rows of the sensor inside the time bounds, quarantined events, events between the
+    cuts) of the slice, read, flattened and filtered in Spark tasks (`replay_reader`); with
+    `spool`, a directory the executors and this process share, the rows come back through
+    files there rather than through Spark (`spool_directory`).
 
-    from pipeline.spark.reading import ARROW_SCHEMA
+    Rows carry the flattened columns, the lineage columns, `_time_ns` and `_routing_key`,
+    sorted by (event time, segment, offset, sample). A slice of one routing key flattens
+    only that key's events (the others are counted, not read further). An empty slice is not
+    read at all (a bounded read of nothing has no partitions to plan)."""
+    from pipeline.spark.replay_reader import (
+        CHUNK_ARROW,
+        CHUNK_SCHEMA,
+        TASK_BYTES,
+        SliceBounds,
+        SliceReader,
+        slice_rows,
+    )
+    from pipeline.spark.session import default_parallelism
 
+    start, end = record.cuts
     if is_empty(record):
-        return ARROW_SCHEMA.empty_table(), 0
-    events = (
+        return slice_rows(CHUNK_ARROW.empty_table(), plan)
+    bounds = SliceBounds(record.sensor, record.sensor_by, record.start_time_ns, record.end_time_ns)
+    # Twice as many tasks as cores (a slice of one key may live in a few segments) and few
+    # enough bytes per task for its chunks to travel as one Arrow batch.
+    tasks = max(2 * default_parallelism(spark), -(-start.bytes_until(end) // TASK_BYTES))
+    ranges = (
         spark.read.format("sluice")
         .option("store", store_uri)
         .option("stream", record.stream)
         .option("startingCut", record.start_cut)
         .option("endingCut", record.end_cut)
+        .option("emit", "ranges")
+        .option("minPartitions", str(tasks))
         .load()
     )
-    observed = Observation("slice")
-    events = events.observe(observed, F.count(F.lit(1)).alias("events"))
-    if record.sensor is not None and record.sensor_by in (None, "routing_key"):
-        events = events.filter(F.col("routing_key") == record.sensor)
-    table = events.toArrow().sort_by([("segment", "ascending"), ("offset", "ascending")])
-    return table, int(observed.get.get("events", 0))
+    reader = SliceReader(plan, bounds, str(spool) if spool is not None else None)
+    chunks = ranges.mapInArrow(reader, CHUNK_SCHEMA).toArrow()
+    return slice_rows(chunks, plan)
 
 
-def _sensor_mask(rows: pa.Table, keys: pa.Array, record: SliceRecord) -> pa.Array | None:
-    if record.sensor is None:
-        return None
-    if record.sensor_by in (None, "routing_key"):
-        return pc.equal(keys, record.sensor)
-    columns = [c.strip() for c in record.sensor_by.split(",")]
-    parts = [pc.cast(rows[c], pa.string()) for c in columns]
-    return pc.equal(pc.binary_join_element_wise(*parts, "/"), record.sensor)
+#: Spool directories of replays killed before they removed them are removed after this long.
+STALE_SPOOL_SECONDS = 3600
 
 
-def _event_of_rows(events: pa.Table, rows: pa.Table) -> pa.Array:
-    """For each flattened row, the index of its event (events sorted by segment, offset)."""
-    seg_e = events["segment"].to_numpy().astype(np.int64)
-    off_e = events["offset"].to_numpy().astype(np.int64)
-    seg_r = rows["_segment"].to_numpy().astype(np.int64)
-    off_r = rows["_offset"].to_numpy().astype(np.int64)
-    span = int(off_e.max()) + 1 if len(off_e) else 1
-    key_e, key_r = seg_e * span + off_e, seg_r * span + off_r
-    return pa.array(np.searchsorted(key_e, key_r), pa.int64())
+@contextlib.contextmanager
+def spool_directory(spark: SparkSession, home: Path) -> Iterator[Path | None]:
+    """A fresh directory under `$SLUICE_HOME/spool/` for the tasks' rows, removed afterwards,
+    when the executors run on this machine (a `local` master, in this process or behind a
+    Spark Connect server on loopback); else None (the rows travel through Spark)."""
+    if not executors_share_files(spark):
+        yield None
+        return
+    root = home / "spool"
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.iterdir():  # left by a replay that was killed
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > STALE_SPOOL_SECONDS:
+                shutil.rmtree(old)
+    spool = Path(tempfile.mkdtemp(dir=root))
+    try:
+        yield spool
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
-def flatten_slice(
-    events: pa.Table, record: SliceRecord, plan: FlattenPlan
-) -> tuple[pa.Table, pa.Table]:
-    """(rows of the sensor inside the time bounds, quarantined events) of the slice's events.
+def executors_share_files(spark: SparkSession) -> bool:
+    """True when Spark's executors run on this machine, so see the files this process sees."""
+    from pipeline.spark.session import is_remote
 
-    Rows carry the flattened columns, the lineage columns, `_time_ns` and `_routing_key`,
-    sorted by (event time, segment, offset, sample)."""
-    from pipeline.schemas import Events, flatten
-
-    out = flatten(plan, Events.from_arrow(events))
-    rows = out.rows.append_column(ROW_TIME, pa.array(out.time_ns, pa.int64()))
-    keys = events["routing_key"].take(_event_of_rows(events, rows))
-    rows = rows.append_column(ROW_KEY, keys)
-    times = rows[ROW_TIME]
-    keep = pc.and_(
-        pc.greater_equal(times, record.start_time_ns), pc.less_equal(times, record.end_time_ns)
-    )
-    sensor = _sensor_mask(rows, keys, record)
-    if sensor is not None:
-        keep = pc.and_(keep, sensor)
-    rows = rows.filter(keep)
-    # Rows are in stream order (segment, offset, sample); a stable sort by time keeps it
-    # among equal times: (event time, segment, offset, sample).
-    order = np.argsort(rows[ROW_TIME].to_numpy(), kind="stable")
-    rows = rows.take(pa.array(order))
-    bad = out.quarantine.sort_by([("_segment", "ascending"), ("_offset", "ascending")])
-    return rows, bad
+    if not is_remote(spark):
+        return spark.sparkContext.master.startswith("local")
+    host = str(getattr(spark.client, "host", ""))
+    master = str(spark.conf.get("spark.master", "") or "")
+    return host in ("localhost", "127.0.0.1", "::1") and master.startswith("local")
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -512,9 +522,9 @@ def replay(
     step = on_step or (lambda _step, _count: None)
     start_cut, end_cut = record.cuts
     step("read", start_cut.bytes_until(end_cut))
-    events, between = read_events(spark, store.uri, record)
+    with spool_directory(spark, home) as spool:
+        rows, quarantined, between = read_slice(spark, store.uri, record, plan, spool)
     check_readable(store, record)  # truncated while reading: the read may have missed data
-    rows, quarantined = flatten_slice(events, record, plan)
     step("model", rows.num_rows)
     results, model_metrics = run_model(model, rows.to_pandas())
     step("write", results.num_rows)

@@ -12,7 +12,7 @@ import dagster as dg
 from assets.analytics import analytics_asset
 from assets.family import EXECUTOR, FamilyDefinitions, family_definitions
 from assets.keys import OBSERVE_EDGE_JOB, REFRESH_ANALYTICS_JOB, edge_key
-from assets.sensors import slices_sensor, tail_sensor
+from assets.sensors import slices_sensor, tail_sensor, views_sensor
 from assets.services import services_sensor
 from pipeline.settings import SluiceSettings, load_settings
 from pipeline.spark.session import SparkSettings
@@ -58,11 +58,15 @@ def build_definitions(settings: SluiceSettings) -> dg.Definitions:
         selection=dg.AssetSelection.assets(analytics.key),
         description="Refresh the DuckDB views and the rate plots.",
     )
+    inputs = [k for f in families for k in f.published]
+    behind = views_sensor(
+        analytics.key, inputs, refresh_job, settings.dagster.tail_sensor_interval_seconds
+    )
     return dg.Definitions(
         assets=[*(a for f in families for a in f.assets), analytics],
         asset_checks=[c for f in families for c in f.checks],
         jobs=[observe_job, refresh_job, *(j for f in families for j in f.jobs)],
-        sensors=build_sensors(settings, families),
+        sensors=[*build_sensors(settings, families), behind],
         schedules=[s for f in families for s in f.schedules],
         resources=build_resources(settings),
         executor=EXECUTOR,

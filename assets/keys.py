@@ -67,6 +67,7 @@ def nightly_schedule_name(family: StreamFamily) -> str:
 
 EDGE_TAIL_SENSOR = "edge_tail_sensor"
 NEW_SLICES_SENSOR = "new_slices_sensor"
+VIEWS_SENSOR = "analytics_views_sensor"
 SERVICE_PROGRESS_SENSOR = "streaming_service_progress"
 
 # --- ops (their names are the step keys of runs) ------------------------------------------

@@ -19,6 +19,7 @@ from assets.keys import (
     DATA_VERSION_TAG,
     EDGE_TAIL_SENSOR,
     NEW_SLICES_SENSOR,
+    VIEWS_SENSOR,
     catch_up_job_name,
     catch_up_tags,
     edge_key,
@@ -209,3 +210,68 @@ def slices_sensor(
         interval_seconds=interval_seconds,
         jobs=jobs,
     )
+
+
+# --- the analytics views, behind their inputs ---------------------------------------------
+
+
+def views_behind(
+    instance: dg.DagsterInstance, views: dg.AssetKey, inputs: Sequence[dg.AssetKey]
+) -> float | None:
+    """The time of the newest materialization of `inputs` that the views' latest refresh
+    started before (so may not show), or None when the views are current."""
+    times = [
+        found.records[0].timestamp
+        for key in inputs
+        if (found := instance.fetch_materializations(key, limit=1)).records
+    ]
+    if not times:
+        return None
+    newest = max(times)
+    latest = instance.fetch_materializations(views, limit=1).records
+    run = instance.get_run_record_by_id(latest[0].run_id) if latest else None
+    started = run.start_time if run is not None else None
+    return None if started is not None and started >= newest else newest
+
+
+def evaluate_views(
+    context: dg.SensorEvaluationContext,
+    views: dg.AssetKey,
+    inputs: Sequence[dg.AssetKey],
+    job: str,
+) -> dg.SensorResult:
+    """A refresh of the views when an input changed after their latest refresh started and
+    no refresh is under way; one request per newest input (its run key)."""
+    newest = views_behind(context.instance, views, inputs)
+    if newest is None:
+        return dg.SensorResult(skip_reason="the views are current")
+    unfinished = context.instance.get_run_records(dg.RunsFilter(statuses=UNFINISHED))
+    if any(views in (r.dagster_run.asset_selection or ()) for r in unfinished):
+        return dg.SensorResult(skip_reason="a refresh of the views is under way")
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"{job}:{newest}", job_name=job)])
+
+
+def views_sensor(
+    views: dg.AssetKey,
+    inputs: Sequence[dg.AssetKey],
+    job: dg.UnresolvedAssetJobDefinition,
+    interval_seconds: int,
+) -> dg.SensorDefinition:
+    """Refreshes the analytics views that `eager()` left behind: its trigger (an input newly
+    updated since the previous tick) and its reset (the views newly updated) fire on the same
+    tick when a refresh ends between two ticks in which an input changes, and that change is
+    then never refreshed. This compares times instead: an input materialized after the start
+    of the views' latest refresh."""
+    inputs = tuple(inputs)
+
+    @dg.sensor(
+        name=VIEWS_SENSOR,
+        minimum_interval_seconds=interval_seconds,
+        jobs=[job],
+        description="Refreshes the analytics views when an input changed after their latest "
+        "refresh started (what the automation condition can miss).",
+    )
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        return evaluate_views(context, views, inputs, job.name)
+
+    return _sensor

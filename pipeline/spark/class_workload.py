@@ -26,7 +26,7 @@ def main(work: Path) -> None:
                 writer.write(json.dumps(event).encode(), routing_key=f"k{i % 2}")
     spark = spark_session(SparkSettings(master="local[2]", remote="local", class_archive=False))
     spark.range(1000).selectExpr("sum(id)", "max(id)").collect()
-    spark.createDataFrame([(1, "a")], "x int, y string").toArrow()
+    spark.sql("SELECT 1 AS x, 'a' AS y").toArrow()
     read = spark.read.format("sluice").option("store", store).option("stream", "archive/events")
     read.load().groupBy("routing_key").count().toArrow()
     stream = (

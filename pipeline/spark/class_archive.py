@@ -14,8 +14,9 @@ it beside a JVM without).
   low-priority process, one per machine at a time: `<key>.lock`), so no job waits for it.
   The builder runs a small Spark job through `spark-submit` with `-XX:ArchiveClassesAtExit`
   and renames the archive into place only when that JVM exited cleanly; an interrupted build
-  leaves no archive and the next session starts another. `sluice spark archive` builds it in
-  the foreground; its log is `<key>.log`.
+  leaves no archive and the next session starts another; after a failed build (`<key>.failed`)
+  sessions wait a day before trying again. `sluice spark archive` builds it in the foreground
+  at once; its log is `<key>.log`.
 - **Used:** `-XX:SharedArchiveFile` on the driver JVM of local sessions and of the Spark
   Connect server. A JVM that cannot map the file (another JDK, a damaged file) starts without
   it, silently: the archive can make a start faster, never fail it.
@@ -32,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -108,8 +110,28 @@ def with_archive(conf: Mapping[str, str], *, build: bool = True) -> dict[str, st
     return out
 
 
+#: After a build that failed, sessions start no other for this long (`sluice spark archive`
+#: still builds at once): a build that cannot succeed here costs its CPU once a day, not at
+#: every session start.
+RETRY_AFTER_SECONDS = 24 * 3600
+
+
+def failed_marker(path: Path) -> Path:
+    return path.with_suffix(".failed")
+
+
+def recently_failed(path: Path) -> bool:
+    try:
+        return time.time() - failed_marker(path).stat().st_mtime < RETRY_AFTER_SECONDS
+    except FileNotFoundError:
+        return False
+
+
 def start_build(path: Path) -> None:
-    """Build the archive in a detached low-priority process, unless one is building it."""
+    """Build the archive in a detached low-priority process, unless one is building it or a
+    build failed less than `RETRY_AFTER_SECONDS` ago."""
+    if recently_failed(path):
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.with_suffix(".log").open("ab") as out:
         subprocess.Popen(
@@ -166,8 +188,10 @@ def build(path: Path, *, wait: bool = False) -> bool:
                 )
             if done.returncode != 0 or not staging.exists() or staging.stat().st_size == 0:
                 staging.unlink(missing_ok=True)
+                failed_marker(path).touch()
                 return False
             os.replace(staging, path)
+            failed_marker(path).unlink(missing_ok=True)
             return True
 
 

@@ -13,11 +13,21 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from pipeline.spark.class_archive import DRIVER_OPTIONS, QUIET, archive_path, build, with_archive
+from pipeline.spark.class_archive import (
+    DRIVER_OPTIONS,
+    QUIET,
+    archive_path,
+    build,
+    failed_marker,
+    recently_failed,
+    start_build,
+    with_archive,
+)
 from pipeline.spark.session import SparkSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,3 +135,20 @@ def test_sluice_spark_archive_builds_what_a_local_session_maps(tmp_path):
     spark_classes = [line for line in loads.read_text().splitlines() if "org.apache.spark." in line]
     from_archive = [line for line in spark_classes if "shared objects file (top)" in line]
     assert len(from_archive) > 0.5 * len(spark_classes) > 1000  # the rest: generated at run time
+
+
+def test_a_failed_build_is_not_retried_by_every_session(cache, tmp_path, monkeypatch):
+    broken = tmp_path / "jdk-without-java"
+    (broken / "bin").mkdir(parents=True)
+    monkeypatch.setenv("JAVA_HOME", str(broken))  # spark-submit cannot start a JVM
+    path = archive_path()
+    assert path is not None
+    assert build(path) is False  # a real spark-submit, failing
+    assert failed_marker(path).exists() and recently_failed(path) and not path.exists()
+    log = path.with_suffix(".log")
+    size = log.stat().st_size
+    assert size > 0  # the failed spark-submit said why, as a retried build would again
+    start_build(path)  # what a session does when the archive is missing: nothing, for a day
+    time.sleep(3)  # a builder started anyway would have failed, and written, by now
+    assert log.stat().st_size == size
+    assert with_archive({DRIVER_OPTIONS: "-Dmine=1"}) == {DRIVER_OPTIONS: "-Dmine=1"}

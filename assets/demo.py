@@ -44,7 +44,7 @@ from assets.keys import (
     nightly_schedule_name,
     replay_job_name,
 )
-from assets.sensors import UNFINISHED
+from assets.sensors import UNFINISHED, views_behind
 from pipeline.errors import SluiceError
 from pipeline.jobs.slices import list_slices
 from pipeline.settings import SluiceSettings, StreamFamily, load_settings
@@ -258,11 +258,8 @@ class DemoAutomation:
         return todo
 
     def analytics_current(self) -> bool:
-        def latest(key: dg.AssetKey) -> int:
-            found = self.instance.fetch_materializations(key, limit=1)
-            return found.records[0].storage_id if found.records else -1
-
-        return latest(ANALYTICS_KEY) > max(latest(k) for k in self.analytics_inputs)
+        """The views' latest refresh started after their newest input: the sensor's rule."""
+        return views_behind(self.instance, ANALYTICS_KEY, self.analytics_inputs) is None
 
     def stop_schedules_that_ran(self) -> None:
         """The demo's schedule ticks every minute: once it has launched a revalidation, turn

@@ -55,26 +55,24 @@ class ArchiveError(SluiceError):
         super().__init__(f"archive of Spark's classes: {problem}")
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sluice" / "spark-classes"
 
 
-def java_home(environ: Mapping[str, str] | None = None) -> Path | None:
+def java_home() -> Path | None:
     """The Java pyspark starts: `$JAVA_HOME`, else the `java` on `PATH`."""
-    env = os.environ if environ is None else environ
-    if env.get("JAVA_HOME"):
-        return Path(env["JAVA_HOME"])
-    java = shutil.which("java", path=env.get("PATH"))
+    if os.environ.get("JAVA_HOME"):
+        return Path(os.environ["JAVA_HOME"])
+    java = shutil.which("java")
     return Path(java).resolve().parents[1] if java else None
 
 
-def install_key(environ: Mapping[str, str] | None = None) -> str | None:
+def install_key() -> str | None:
     """A name for this Java and Spark install; None when there is no Java to key on."""
     import pyspark
 
-    home = java_home(environ)
+    home = java_home()
     if home is None:
         return None
     digest = hashlib.sha256()
@@ -89,9 +87,9 @@ def install_key(environ: Mapping[str, str] | None = None) -> str | None:
     return digest.hexdigest()[:16]
 
 
-def archive_path(environ: Mapping[str, str] | None = None) -> Path | None:
-    key = install_key(environ)
-    return None if key is None else cache_dir(environ) / f"{key}.jsa"
+def archive_path() -> Path | None:
+    key = install_key()
+    return None if key is None else cache_dir() / f"{key}.jsa"
 
 
 def with_archive(conf: Mapping[str, str], *, build: bool = True) -> dict[str, str]:
@@ -145,13 +143,12 @@ def start_build(path: Path) -> None:
 
 
 def _builder_environment() -> dict[str, str]:
-    from pipeline.spark.connect import code_root
+    """The Spark Connect server's environment (this interpreter and `pipeline` for the Python
+    workers, Spark on loopback, no Spark Connect client mode), without submit arguments."""
+    from pipeline.spark.connect import server_environment
 
-    env = dict(os.environ)
-    path = [str(code_root()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
-    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS"):
-        env.pop(name, None)
+    env = server_environment(token=None, host="127.0.0.1")
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
     return env
 
 
@@ -181,7 +178,6 @@ def build(path: Path, *, wait: bool = False) -> bool:
                 work,
             ]  # fmt: skip
             env = _builder_environment()
-            env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
             with path.with_suffix(".log").open("ab") as out:
                 done = subprocess.run(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, check=False

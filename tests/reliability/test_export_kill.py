@@ -41,7 +41,7 @@ def counts(output: Path) -> tuple[int, int]:
 class Watcher(threading.Thread):
     """Queries the output every `PAUSE` seconds; records anything a reader should never see.
 
-    Not back to back: on two cores a reader that never pauses takes a whole core from the
+    Not back to back: on two cores a reader that never pauses competes for CPU with the
     drivers it watches; ten queries a second still see every life's files."""
 
     def __init__(self, output: Path) -> None:

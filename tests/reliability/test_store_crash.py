@@ -354,6 +354,20 @@ def _commit_by_id(store_dir: str, stream: str, txn_id: str, start: Any) -> None:
         txn.commit()
 
 
+def commit_twice_at_once(store_dir: Path, stream: str, txn_id: str) -> None:
+    """Two processes commit `txn_id` at the same moment; both must exit cleanly."""
+    start = mp.Barrier(2)
+    procs = [
+        mp.Process(target=_commit_by_id, args=(str(store_dir), stream, txn_id, start))
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+        assert proc.exitcode == 0
+
+
 @pytest.mark.parametrize("segments", [1, 2], ids=["one segment", "two segments"])
 def test_two_processes_committing_one_transaction_land_it_once(tmp_path, segments):
     """A retried commit racing the first (two drivers, say) lands the events exactly once,
@@ -369,16 +383,7 @@ def test_two_processes_committing_one_transaction_land_it_once(tmp_path, segment
                 txn.write(f"r{round_}e{i}".encode(), routing_key=key)
                 expected.append(f"r{round_}e{i}".encode())
             txn.flush()
-            start = mp.Barrier(2)
-            procs = [
-                mp.Process(target=_commit_by_id, args=(str(store_dir), stream, txn.txn_id, start))
-                for _ in range(2)
-            ]
-            for proc in procs:
-                proc.start()
-            for proc in procs:
-                proc.join()
-                assert proc.exitcode == 0
+            commit_twice_at_once(store_dir, stream, txn.txn_id)
             assert txn.state() == "committed"
         assert sorted(e.payload for e in store.read(stream)) == sorted(expected), "exactly once"
         assert store.verify().ok
@@ -400,16 +405,7 @@ def test_two_processes_rolling_a_crashed_commit_forward_land_it_once(tmp_path, d
     with open_store(f"embedded:{store_dir}") as store, store.writer(stream) as w:
         for i in range(8):  # other blocks land where the dead commit meant to land its own
             w.write(f"w{i}".encode(), routing_key=f"k{i}")
-    start = mp.Barrier(2)
-    procs = [
-        mp.Process(target=_commit_by_id, args=(str(store_dir), stream, txn_id, start))
-        for _ in range(2)
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join()
-        assert proc.exitcode == 0
+    commit_twice_at_once(store_dir, stream, txn_id)
     with open_store(f"embedded:{store_dir}") as store:
         payloads = sorted(e.payload for e in store.read(stream))
         expected = [f"e{i}".encode() for i in range(40)] + [f"w{i}".encode() for i in range(8)]

@@ -143,7 +143,11 @@ def test_realtime_priority_is_used_or_refused_once_and_sampling_goes_on(
         .conn.execute("SELECT source, message FROM errors")
         .fetchall()
     )
-    assert len(errors) <= 1 and all(source == "nic.realtime" for source, _ in errors)
+    # The priority is refused at most once. A loaded machine may also let the pacer
+    # fall behind ("nic.pace"): the stall test below covers that.
+    refusals = [message for source, message in errors if source == "nic.realtime"]
+    assert len(refusals) <= 1
+    assert {source for source, _ in errors} <= {"nic.realtime", "nic.pace"}
 
 
 def test_the_sampler_process_dies_with_the_collector(write_config, tmp_path):

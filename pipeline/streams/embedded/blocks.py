@@ -90,9 +90,14 @@ class BlockHeader:
 
 
 def encode_event(payload: bytes, key: str | None) -> bytes:
+    return frame_head(len(payload), key) + payload
+
+
+def frame_head(payload_len: int, key: str | None) -> bytes:
+    """An event frame up to its payload: magic, lengths and the routing key."""
     key_bytes = b"" if key is None else key.encode()
     key_len = NO_KEY if key is None else len(key_bytes)
-    return EVENT.pack(EVENT_MAGIC, key_len, len(payload)) + key_bytes + payload
+    return EVENT.pack(EVENT_MAGIC, key_len, payload_len) + key_bytes
 
 
 def encode_header(

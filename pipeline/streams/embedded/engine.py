@@ -26,6 +26,7 @@ from pipeline.streams.embedded.blocks import (
     BlockHeader,
     BlockRow,
     encode_event,
+    frame_head,
     parse_header,
 )
 from pipeline.streams.embedded.catalog import Catalog, now_ns
@@ -51,7 +52,12 @@ from pipeline.streams.errors import (
 )
 from pipeline.streams.names import parse_stream
 
-__all__ = ["BlockRow", "Engine", "StreamRow", "commit_landed", "encode"]
+__all__ = ["BlockRow", "Engine", "StreamRow", "commit_landed", "encode", "encode_pieces"]
+
+#: A payload at least this large is written from the caller's own bytes, one more buffer of
+#: the block's `pwritev`, instead of being copied into its frame (a copy into fresh memory
+#: costs more than the extra buffer; below this the copy is cheaper).
+ZERO_COPY_PAYLOAD = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,19 @@ class StreamRow:
 def encode(payload: bytes, key: str | None) -> bytes:
     """An event's frame as stored, once the payload and routing key pass the API's checks."""
     return encode_event(check_event(payload, key), key)
+
+
+def encode_pieces(payload: bytes, key: str | None) -> tuple[bytes, ...]:
+    """An event's frame as stored, in the pieces a block's `pwritev` takes: one bytes for a
+    small event; the frame's head and the payload itself (never copied) for a large one.
+
+    The payload is held by reference until it is written: `check_event` gives the caller's
+    `bytes` (immutable) as they are and copies a `bytearray` or `memoryview`, so a caller that
+    reuses its buffer after `write()` cannot change what is flushed."""
+    payload = check_event(payload, key)
+    if len(payload) < ZERO_COPY_PAYLOAD:
+        return (encode_event(payload, key),)
+    return (frame_head(len(payload), key), payload)
 
 
 class Engine:
@@ -228,6 +247,17 @@ class Engine:
         )
         return bool(found and found[0])
 
+    def segment_writable(self, row: StreamRow, segment: int) -> bool:
+        """False when the segment is sealed, or gone with its deleted stream (an appender asks
+        this under the segment's lock; read on the index connection, whose pages are current
+        after its own index writes)."""
+        found = self.catalog.query_one(
+            "SELECT sealed FROM segments WHERE stream_id=? AND segment=?",
+            (row.id, segment),
+            index=True,
+        )
+        return found is not None and not found[0]
+
     def segment_head(self, row: StreamRow, segment: int) -> int:
         found = self.catalog.query_one(
             "SELECT head FROM segments WHERE stream_id=? AND segment=?", (row.id, segment)
@@ -354,25 +384,28 @@ class Engine:
         self, db: sqlite3.Cursor, row: StreamRow, segment: int, headers: list[BlockHeader]
     ) -> None:
         """Insert index rows and writer positions for `headers` (inside `db`'s transaction)."""
-        if headers:
-            db.executemany(
-                "INSERT OR IGNORE INTO blocks"
-                "(stream_id, segment, offset, length, events, ingest_ns, t_min, t_max)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (row.id, segment, h.offset, h.length, h.events, h.ingest_ns, h.t_min, h.t_max)
-                    for h in headers
-                ],
-            )
+        if not headers:
+            return
+        db.executemany(
+            "INSERT OR IGNORE INTO blocks"
+            "(stream_id, segment, offset, length, events, ingest_ns, t_min, t_max)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (row.id, segment, h.offset, h.length, h.events, h.ingest_ns, h.t_min, h.t_max)
+                for h in headers
+            ],
+        )
+        writers = [
+            (row.id, segment, h.writer_id, h.last_event_number)
+            for h in headers
+            if h.writer_id is not None
+        ]
+        if writers:
             db.executemany(
                 "INSERT INTO writers(stream_id, segment, writer_id, last_event_number)"
                 " VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET last_event_number ="
                 " MAX(last_event_number, excluded.last_event_number)",
-                [
-                    (row.id, segment, h.writer_id, h.last_event_number)
-                    for h in headers
-                    if h.writer_id is not None
-                ],
+                writers,
             )
 
     def _settle_unlocked(self, row: StreamRow, segment: int) -> None:
@@ -405,14 +438,29 @@ class Engine:
 
         Refused with `SegmentDamaged` when the segment is damaged (or found so now)."""
         segfile = self.segment_file(row, segment)
-        at = self.catch_up(row, segment)
-        self.settle_tail(row, segment, at)
-        self.check_undamaged(row, segment)
+        at, damaged = self._indexed_end_and_damage(row, segment)
+        if damaged or segfile.size() != at:  # others appended, a torn tail, damage: look
+            at = self.catch_up(row, segment)
+            self.settle_tail(row, segment, at)
+            self.check_undamaged(row, segment)
         end = segfile.append(at, [header, *body])
         parsed = parse_header(memoryview(header), 0, at)
         assert parsed is not None and parsed.end == end
         self.index_blocks(row, segment, [parsed])
         return at
+
+    def _indexed_end_and_damage(self, row: StreamRow, segment: int) -> tuple[int, bool]:
+        """The indexed end of a segment and whether it is marked damaged, in one query. When
+        the file ends at the indexed end and no damage is marked, that end is the valid end:
+        a catch-up would find no block past it, and there is no torn tail to settle."""
+        found = self.catalog.query_one(
+            "SELECT (SELECT offset + length FROM blocks WHERE stream_id=?1 AND segment=?2"
+            " ORDER BY offset DESC LIMIT 1),"
+            " EXISTS (SELECT 1 FROM damage WHERE stream_id=?1 AND segment=?2)",
+            (row.id, segment),
+            index=True,
+        )
+        return found[0] or 0, bool(found[1])
 
     def writer_position(self, row: StreamRow, segment: int, writer_id: str) -> int:
         found = self.catalog.query_one(

@@ -16,12 +16,14 @@ from collections import defaultdict
 from pipeline.streams.api import EventWriter
 from pipeline.streams.embedded.blocks import crc32, encode_header
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.engine import Engine, StreamRow, encode
+from pipeline.streams.embedded.engine import Engine, StreamRow, encode_pieces
 from pipeline.streams.embedded.routing import route
 from pipeline.streams.errors import MAX_EVENT_NUMBER, InvalidEventNumber
 
 WRITER_AUTOFLUSH_BYTES = 8 << 20
-Pending = tuple[int, str | None, bytes]  # event number, routing key, encoded frame
+#: Routing keys whose segment a writer remembers (it forgets them all past this many).
+ROUTES_REMEMBERED = 4096
+Pending = tuple[int, str | None, tuple[bytes, ...]]  # event number, routing key, frame pieces
 
 
 class EmbeddedWriter(EventWriter):
@@ -31,6 +33,8 @@ class EmbeddedWriter(EventWriter):
             raise ValueError(msg)
         self.engine, self.row, self.writer_id = engine, row, writer_id
         self._active = engine.segments(row, active_only=True)
+        self._routes: dict[str, int] = {}  # routing key -> its segment among `_active`
+        self._flushed: set[int] = set()  # segments this writer has appended to
         self._pending: dict[int, list[Pending]] = defaultdict(list)
         self._pending_bytes = 0
         self._last = self._stored_last()
@@ -53,66 +57,89 @@ class EmbeddedWriter(EventWriter):
     def write(
         self, payload: bytes, routing_key: str | None = None, event_number: int | None = None
     ) -> None:
-        frame = encode(payload, routing_key)
-        if not self._active:
-            self.engine.check_writable(self.row)
-        segment = route(self._active, routing_key)
+        pieces = encode_pieces(payload, routing_key)
+        segment = self._route(routing_key)
         if event_number is None:
             event_number = self._last + 1
-        elif self.writer_id is None:
+        else:
+            self._check_number(event_number)
+        self._last = max(self._last, event_number)
+        self._pending[segment].append((event_number, routing_key, pieces))
+        self._pending_bytes += sum(map(len, pieces))
+        if self._pending_bytes >= WRITER_AUTOFLUSH_BYTES:
+            self.flush()
+
+    def _route(self, key: str | None) -> int:
+        """The active segment that takes `key` (remembered per key until a scale)."""
+        segment = self._routes.get(key) if key is not None else None
+        if segment is None:
+            if not self._active:
+                self.engine.check_writable(self.row)
+            segment = route(self._active, key)
+            if key is not None:
+                if len(self._routes) >= ROUTES_REMEMBERED:
+                    self._routes.clear()
+                self._routes[key] = segment
+        return segment
+
+    def _check_number(self, event_number: int) -> None:
+        if self.writer_id is None:
             msg = "event numbers need a writer id: open the writer with writer_id=..."
             raise ValueError(msg)
         valid = isinstance(event_number, int) and not isinstance(event_number, bool)
         if not valid or not 1 <= event_number <= MAX_EVENT_NUMBER:
-            raise InvalidEventNumber(self.writer_id or "(no id)", event_number)
-        self._last = max(self._last, event_number)
-        self._pending[segment].append((event_number, routing_key, frame))
-        self._pending_bytes += len(frame)
-        if self._pending_bytes >= WRITER_AUTOFLUSH_BYTES:
-            self.flush()
+            raise InvalidEventNumber(self.writer_id, event_number)
 
     def flush(self) -> None:
-        if not self._pending:
-            return
-        self.engine.check_writable(self.row)
         while self._pending:
             segment = min(self._pending)
             moved = self._flush_segment(segment, self._pending[segment])
-            del self._pending[segment]
             if moved:  # the segment was sealed by a scale: its successors take the events
-                self._active = self.engine.segments(self.row, active_only=True)
-                if not self._active:
-                    self.engine.check_writable(self.row)
-                rerouted: dict[int, list[Pending]] = defaultdict(list)
-                for event in moved:
-                    rerouted[route(self._active, event[1])].append(event)
-                for target, events in rerouted.items():
-                    self._pending[target][:0] = events  # older than anything pending there
+                self._reroute(segment, moved)
+            else:
+                del self._pending[segment]
         self._pending_bytes = 0
+
+    def _reroute(self, sealed: int, events: list[Pending]) -> None:
+        """Move the events pending for a segment sealed since they were routed to its
+        successors; if the stream is sealed (or deleted) raise, the events still pending."""
+        self._active = self.engine.segments(self.row, active_only=True)
+        self._routes.clear()
+        if not self._active:
+            self.engine.check_writable(self.row)
+        del self._pending[sealed]
+        rerouted: dict[int, list[Pending]] = defaultdict(list)
+        for event in events:
+            rerouted[self._route(event[1])].append(event)
+        for target, moved in rerouted.items():
+            self._pending[target][:0] = moved  # older than anything pending there
 
     def _flush_segment(self, segment: int, events: list[Pending]) -> list[Pending]:
         """Append `events` as one block; return them instead if the segment is sealed."""
+        if segment not in self._flushed:  # a stream deleted since must not get its file back
+            self.engine.check_writable(self.row)
         segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
-            if self.engine.segment_sealed(self.row, segment):
+            if not self.engine.segment_writable(self.row, segment):
                 return events
+            self._flushed.add(segment)
             if self.writer_id is not None:
                 self.engine.catch_up(self.row, segment)
                 stored = self.engine.writer_position(self.row, segment, self.writer_id)
                 events = [e for e in events if e[0] > stored]
                 if not events:
                     return []
-            frames = [f for _, _, f in events]
+            body = [piece for _, _, pieces in events for piece in pieces]
             crc = 0
-            for f in frames:
-                crc = crc32(f, crc)
+            for piece in body:
+                crc = crc32(piece, crc)
             header = encode_header(
                 body_crc=crc,
-                body_len=sum(len(f) for f in frames),
-                events=len(frames),
+                body_len=sum(map(len, body)),
+                events=len(events),
                 ingest_ns=now_ns(),
                 last_event_number=max(e[0] for e in events) if self.writer_id else 0,
                 meta=b"w" + self.writer_id.encode() if self.writer_id else b"",
             )
-            self.engine.append_block(self.row, segment, header, frames)
+            self.engine.append_block(self.row, segment, header, body)
         return []

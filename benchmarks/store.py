@@ -299,7 +299,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=2000, help="64 KiB events per run")
     parser.add_argument("--batch", type=int, default=16, help="events per flush / fsync")
-    parser.add_argument("--rounds", type=int, default=3, help="append rounds, best one counts")
+    parser.add_argument("--rounds", type=int, default=5, help="append rounds, best one counts")
     parser.add_argument("--commits", type=int, default=300)
     parser.add_argument("--reads", type=int, default=5, help="read rounds, best one counts")
     Recorder.add_option(parser)

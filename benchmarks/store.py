@@ -9,8 +9,8 @@
    batch, each file created durably (its directory fsynced, as the store does for a new
    segment file). Timed from when every process has opened its store (or is about to create
    its file) until the last one's final flush returned, so process start-up and opening the
-   store, one-off costs, are not counted on either side; best of several rounds, the two
-   sides taken in turns, the order alternating (a shared disk slows both alike).
+   store, one-off costs, are not counted on either side; the median of several rounds, the
+   two sides taken in turns, the order alternating (a shared disk slows both alike).
 2. Transaction commit latency p50/p99 (one 64 KiB event per transaction, begin-write-commit),
    beside one pwrite+fdatasync of the same bytes, taken in turns; and the syncs one such
    transaction costs: the store's own `os.fsync`/`os.fdatasync` calls plus the catalog commits
@@ -153,19 +153,20 @@ def file_appends(workdir: Path, writers: int, per: int, batch: int) -> float:
 def bench_appends(
     workdir: Path, writers: int, events: int, batch: int, rounds: int
 ) -> tuple[float, float]:
-    """MB/s of the store and of plain files, the best of `rounds` taken in turns (the order
-    alternating: a disk shared with other work, or still writing back, slows both alike)."""
+    """MB/s of the store and of plain files, each the median of `rounds` taken in turns (the
+    order alternating): a disk shared with other work slows both alike, and one lucky or
+    unlucky round moves neither figure much."""
     per = events // writers
     mb = per * writers * EVENT / 1e6
-    best = {"sluice": 0.0, "plain": 0.0}
+    rates: dict[str, list[float]] = {"sluice": [], "plain": []}
     contenders = {
         "sluice": lambda: sluice_appends(workdir / f"store-{writers}", writers, 4, per, batch),
         "plain": lambda: file_appends(workdir, writers, per, batch),
     }
     for r in range(rounds):
         for name in ("sluice", "plain") if r % 2 == 0 else ("plain", "sluice"):
-            best[name] = max(best[name], mb / contenders[name]())
-    return best["sluice"], best["plain"]
+            rates[name].append(mb / contenders[name]())
+    return statistics.median(rates["sluice"]), statistics.median(rates["plain"])
 
 
 def bench_commits(workdir: Path, count: int) -> tuple[list[float], list[float]]:
@@ -299,7 +300,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=2000, help="64 KiB events per run")
     parser.add_argument("--batch", type=int, default=16, help="events per flush / fsync")
-    parser.add_argument("--rounds", type=int, default=5, help="append rounds, best one counts")
+    parser.add_argument("--rounds", type=int, default=5, help="append rounds (median)")
     parser.add_argument("--commits", type=int, default=300)
     parser.add_argument("--reads", type=int, default=5, help="read rounds, best one counts")
     Recorder.add_option(parser)

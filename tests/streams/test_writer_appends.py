@@ -104,3 +104,16 @@ def test_a_deleted_stream_gets_no_segment_file_back(store, store_dir, flushed_be
     with pytest.raises(StreamNotFound):
         w.flush()
     assert segment_files(store_dir) == []
+
+
+def test_a_block_of_more_buffers_than_one_pwritev_takes(store):
+    """Each large event is two buffers (its frame's head, its payload): a block of 1500 is
+    written by several `pwritev` calls and still reads back whole."""
+    store.create_stream("w/many", segments=1)
+    payloads = [os.urandom(4096) for _ in range(1500)]
+    with store.writer("w/many") as w:
+        for p in payloads:
+            w.write(p, routing_key="k")
+    assert [e.payload for e in store.read("w/many")] == payloads
+    assert store.info("w/many").segments[0].events == len(payloads)
+    assert store.verify("w/many").ok

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 from pipeline.streams import open_store
-from pipeline.streams.embedded.blocks import crc32
+from pipeline.streams.embedded.blocks import checksum
 
 EVENT = 64 * 1024
 STREAM = "bench/appends"
@@ -207,7 +207,7 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
             for path in plain:
                 with path.open("rb", buffering=0) as fh:
                     while got := fh.readinto(buffer):
-                        crc32(view[:got])
+                        checksum(view[:got])
                         for at in range(0, got, EVENT):
                             total += len(bytes(view[at : at + EVENT]))
             return total
@@ -234,7 +234,7 @@ def bench_verify(workdir: Path) -> float:
 
 
 def checksum_implementation() -> str:
-    return f"{crc32.__module__}.crc32"
+    return f"{checksum.__module__}.{checksum.__name__}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -257,13 +257,13 @@ def main() -> None:
         goal = f"  (goal {f.goal})" if f.goal else ""
         print(f"{f.what}: sluice {f.sluice:8.2f} {f.unit}{peer}{goal}")
     if args.write_results:
-        notes = [f"block checksums: CRC-32 from {checksum_implementation()}"]
+        notes = [f"block checksums: written with {checksum_implementation()}"]
         print(f"wrote {recorder.write(figures, notes)}")
 
 
 def measure(workdir: Path, args: argparse.Namespace) -> list[Figure]:
     """Every figure of the module docstring, in its order."""
-    print(f"block checksums: CRC-32 from {checksum_implementation()}", flush=True)
+    print(f"block checksums: written with {checksum_implementation()}", flush=True)
     figures = []
     for writers in (1, 4):
         ours, peer = bench_appends(workdir, writers, args.events, args.batch)

@@ -24,7 +24,6 @@ from pipeline.streams.embedded.blocks import (
     BlockRow,
     Frame,
     block_problem,
-    crc32,
     frame_at,
     parse_frames,
     parse_header,
@@ -96,7 +95,7 @@ class BlockReader:
         if payload_at + payload_len != row.length:
             raise BadBlock(row.offset + frame, "the event does not fill its block")
         payload = self.segfile.pread(payload_len, row.offset + payload_at)
-        body_crc = crc32(payload, crc32(head[frame:payload_at]))
+        body_crc = header.checksum(payload, header.checksum(head[frame:payload_at]))
         body_len = payload_at - frame + len(payload)
         problem = block_problem(header, head[:frame], body_len, body_crc)
         if problem is not None:
@@ -114,7 +113,7 @@ def _checked(data: memoryview, pos: int, row: BlockRow) -> tuple[BlockHeader, me
     header = _header(data, pos, row)
     body_at = pos + header.body_offset - row.offset
     body = data[body_at : pos + row.length]
-    problem = block_problem(header, data[pos:body_at], len(body), crc32(body))
+    problem = block_problem(header, data[pos:body_at], len(body), header.checksum(body))
     if problem is not None:
         raise BadBlock(row.offset, problem)
     return header, body

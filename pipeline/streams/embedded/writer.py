@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from pipeline.streams.api import EventWriter
-from pipeline.streams.embedded.blocks import crc32, encode_header
+from pipeline.streams.embedded.blocks import checksum, encode_header
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow, encode
 from pipeline.streams.embedded.routing import route
@@ -105,7 +105,7 @@ class EmbeddedWriter(EventWriter):
             frames = [f for _, _, f in events]
             crc = 0
             for f in frames:
-                crc = crc32(f, crc)
+                crc = checksum(f, crc)
             header = encode_header(
                 body_crc=crc,
                 body_len=sum(len(f) for f in frames),

@@ -36,7 +36,7 @@ from pipeline.streams.embedded.manifest import (
     stream_dir,
     write_manifest,
 )
-from pipeline.streams.embedded.reading import BlockReader, Reading, read_events
+from pipeline.streams.embedded.reading import BlockReader, Buffers, Reading, read_events
 from pipeline.streams.embedded.routing import SegmentRange
 from pipeline.streams.embedded.segment import SegmentFile
 from pipeline.streams.errors import (
@@ -86,6 +86,7 @@ class Engine:
         root.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
         self._files: dict[tuple[int, int], SegmentFile] = {}
         self._opened: set[int] = set()
+        self.read_buffers = Buffers()  # shared by every read of this store (reading.py)
         self.open_catalog()
 
     def open_catalog(self) -> None:
@@ -550,7 +551,7 @@ class Engine:
         self.check_boundary(row, segment, start)
         self.check_boundary(row, segment, end)
         blocks = self.blocks(row, segment, start, end)
-        reader = BlockReader(self.segment_file(row, segment))
+        reader = BlockReader(self.segment_file(row, segment), self.read_buffers)
         try:
             yield from reading(reader, row.qualified, segment, blocks, start=start, end=end)
         except BadBlock as bad:

@@ -31,6 +31,7 @@ def batch_events(batches) -> list[Event]:
 def small_runs(monkeypatch):
     """Runs of at most 4 KiB: a range of many runs, checked ahead by the second thread."""
     monkeypatch.setattr(reading, "RUN_BYTES", 4096)
+    monkeypatch.setattr(reading, "CHECK_AHEAD", True)
 
 
 def fill(store) -> None:

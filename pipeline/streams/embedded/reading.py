@@ -40,8 +40,11 @@ from pipeline.streams.embedded.segment import SegmentFile
 
 #: The most bytes of contiguous blocks read and checked at once (a larger block is read alone).
 RUN_BYTES = 1 << 20
-#: Check runs ahead in a second thread (False: all in the caller's; benchmarks compare both).
-CHECK_AHEAD = True
+#: Check runs ahead in a second thread: always (True), never (False), or only when the machine
+#: has a core to spare (None: the load average is at most the cores this process may use, less
+#: one). On a busy machine the hand-offs cost more than the overlap wins (benchmarks/store.py
+#: measures both), and Spark already runs a task on every core.
+CHECK_AHEAD: bool | None = None
 #: A block of one event longer than this is read straight into the event's bytes.
 LARGE_EVENT = 16 << 10
 MAX_KEY = 1024
@@ -227,7 +230,7 @@ def checked_runs(reader: BlockReader, rows: list[BlockRow]) -> Iterator[CheckedR
     """Each run of `rows` (contiguous), checked, in order; stops after the first run with
     damage. With several runs a second thread checks runs ahead (see `RunsAhead`)."""
     runs = plan_runs(rows)
-    if len(runs) < 2 or not CHECK_AHEAD:  # nothing to overlap: no thread
+    if len(runs) < 2 or not _check_ahead():  # nothing to overlap, or no core to spare
         for run in runs:
             yield check_run(reader, run)
         return
@@ -242,6 +245,13 @@ def checked_runs(reader: BlockReader, rows: list[BlockRow]) -> Iterator[CheckedR
                 return
     finally:
         ahead.stop()
+
+
+def _check_ahead() -> bool:
+    if CHECK_AHEAD is not None:
+        return CHECK_AHEAD
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) >= 2 and os.getloadavg()[0] <= (cores or 1) - 1
 
 
 class RunsAhead:

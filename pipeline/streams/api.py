@@ -78,7 +78,7 @@ class EventBatch:
 
     stream: str
     segment: int
-    data: bytes
+    data: bytes | memoryview
     offsets: list[int]
     end_offsets: list[int]
     routing_keys: list[str | None]
@@ -107,8 +107,10 @@ class EventBatch:
             self.ingest_times_ns,
             strict=True,
         )
+        data = self.data
+        whole = isinstance(data, bytes)  # (a whole bytes object is not copied)
         for offset, end, key, at, until, ns in columns:
-            payload = self.data[at:until]
+            payload = data[at:until] if whole else bytes(data[at:until])
             yield Event(self.stream, self.segment, offset, end, key, payload, ns)
 
     @classmethod

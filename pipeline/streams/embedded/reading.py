@@ -373,22 +373,19 @@ def read_batches(
 
 
 def _batch(run: CheckedRun, stream: str, segment: int, start: int, end: int) -> EventBatch:
-    offsets: list[int] = []
-    ends: list[int] = []
-    keys: list[str | None] = []
-    starts: list[int] = []
-    stops: list[int] = []
-    times: list[int] = []
+    """The events of a run in [start, end) as columns, payload positions relative to its data."""
+    columns: tuple[list, ...] = ([], [], [], [], [], [])
+    offsets, ends, keys, starts, stops, times = columns
     for row, base, frames in run.blocks:
-        before = len(offsets)
-        for off, end_off, key, at, until in frames:
-            if start <= off and end_off <= end:
-                offsets.append(off)
-                ends.append(end_off)
-                keys.append(key)
-                starts.append(base + at)
-                stops.append(base + until)
-        times += [row.ingest_ns] * (len(offsets) - before)
+        inside = frames
+        if row.offset < start or row.end > end:  # a cut inside the block
+            inside = [f for f in frames if start <= f[0] and f[1] <= end]
+        offsets += [f[0] for f in inside]
+        ends += [f[1] for f in inside]
+        keys += [f[2] for f in inside]
+        starts += [base + f[3] for f in inside]
+        stops += [base + f[4] for f in inside]
+        times += [row.ingest_ns] * len(inside)
     return EventBatch(stream, segment, run.data, offsets, ends, keys, starts, stops, times)
 
 

@@ -148,9 +148,9 @@ class Buffers:
     it any more (no batch, payload view or run holds it), so a batch's payloads stay valid as
     long as it is kept, and a reader that lets each batch go reads into warm memory.
 
-    The buffers are anonymous maps, so they start on a page boundary: the kernel copies file
-    data into a destination that is not 64-byte aligned (as a large `bytearray`'s, 16 bytes past
-    a page, is) at a third of the speed on the x86-64 machines we measure.
+    The buffers are anonymous maps, so they start on a page boundary: on the x86-64 machines we
+    measure, the kernel copies from a cache-line-aligned file offset into a destination 16 bytes
+    past a cache line (where a large `bytearray`'s data lies) at a third of the speed.
     """
 
     KEEP = 8

@@ -166,3 +166,25 @@ def test_stopping_early_leaves_no_thread_behind(store, small_runs):
         if thread.name == "sluice-check":
             thread.join(timeout=5)
             assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(("load", "threads"), [(0.2, True), (64.0, False)])
+def test_the_second_thread_runs_only_with_a_core_to_spare(
+    store, monkeypatch, load: float, threads: bool
+):
+    monkeypatch.setattr(reading, "RUN_BYTES", 4096)
+    monkeypatch.setattr(reading.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    monkeypatch.setattr(reading.os, "getloadavg", lambda: (load, load, load))
+    started = []
+    monkeypatch.setattr(reading.RunsAhead, "__init__", _spy(reading.RunsAhead.__init__, started))
+    fill(store)
+    assert as_tuples(batch_events(store.read_batches(STREAM))) == as_tuples(store.read(STREAM))
+    assert bool(started) is threads
+
+
+def _spy(init, calls: list):
+    def spied(self, *args):
+        calls.append(args)
+        init(self, *args)
+
+    return spied

@@ -15,8 +15,8 @@
      bytes per event);
    - `store.read_batches(stream, head, tail)`, the batch API the Spark range tasks use (an
      `EventBatch` per run of blocks, payloads as slices of its buffer: no copy per event),
-     as it ships (runs checked ahead by a second thread when the load average leaves a core
-     to spare), and with that second thread always, and never (what one core does);
+     as it ships (runs checked ahead by a second thread when the load average leaves half a
+     core idle), and with that second thread always, and never (what one core does);
    - the floor of a checked read that returns each event as its own bytes: the plain file
      read in 1 MiB pieces, the block checksum over each, each event copied out, no per-event
      Python (the per-event API's ratio to the floor is what its Python costs);

@@ -41,9 +41,10 @@ from pipeline.streams.embedded.segment import SegmentFile
 #: The most bytes of contiguous blocks read and checked at once (a larger block is read alone).
 RUN_BYTES = 1 << 20
 #: Check runs ahead in a second thread: always (True), never (False), or only when the machine
-#: has a core to spare (None: the load average is at most the cores this process may use, less
-#: one). On a busy machine the hand-offs cost more than the overlap wins (benchmarks/store.py
-#: measures both), and Spark already runs a task on every core.
+#: has a core to spare (None: the 1-minute load average, this reader included, leaves at least
+#: half of one of the cores this process may use idle). On a busy machine the hand-offs cost
+#: more than the overlap wins (benchmarks/store.py measures both), and Spark already runs a
+#: task on every core.
 CHECK_AHEAD: bool | None = None
 #: A block of one event longer than this is read straight into the event's bytes.
 LARGE_EVENT = 16 << 10
@@ -251,7 +252,7 @@ def _check_ahead() -> bool:
     if CHECK_AHEAD is not None:
         return CHECK_AHEAD
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cores or 1) >= 2 and os.getloadavg()[0] <= (cores or 1) - 1
+    return (cores or 1) >= 2 and os.getloadavg()[0] <= (cores or 1) - 0.5
 
 
 class RunsAhead:

@@ -211,7 +211,7 @@ def check_run(reader: BlockReader, rows: list[BlockRow]) -> CheckedRun:
             row, payload, frames = reader._large_event(rows[0])
         except BadBlock as bad:
             return CheckedRun(b"", [], bad)
-        return CheckedRun(payload, [(row, 0, frames)], None)  # type: ignore[arg-type]
+        return CheckedRun(payload, [(row, 0, frames)], None)
     size = rows[-1].end - rows[0].offset
     view = memoryview(reader.buffers.get(size))[:size]
     view = view[: os.preadv(reader.segfile.fd, [view], rows[0].offset)].toreadonly()

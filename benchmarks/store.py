@@ -15,22 +15,30 @@
    beside one pwrite+fdatasync of the same bytes, taken in turns; and the syncs one such
    transaction costs: the store's own `os.fsync`/`os.fdatasync` calls plus the catalog commits
    made with synchronous=FULL (one WAL sync each), beside the peer's one `fdatasync`.
-3. Bounded read between two cuts (page cache), every block's CRC-32 and frames checked before
-   its events are returned, vs reading the same bytes from a plain file (no checks), and vs
-   the floor of a checked read that returns each event as its own bytes: the plain file read
-   in 1 MiB pieces, CRC-32 over each, each event copied out, no per-event Python (the
-   store's ratio to the floor is what its Python costs); and `verify` (every stored block
-   checked, nothing returned) over the same store. Best of several rounds taken in turns,
-   also in CPU time (steadier on a machine shared with others).
+3. Bounded read between two cuts (page cache), every block's checksum and frames checked
+   before its events are returned, vs reading the same bytes from a plain file (no checks):
+   - `store.read(stream, head, tail)`, the per-event API (an `Event` with its own payload
+     bytes per event);
+   - `store.read_batches(stream, head, tail)`, the batch API the Spark range tasks use (an
+     `EventBatch` per run of blocks, payloads as slices of its buffer: no copy per event),
+     as it ships (runs checked ahead by a second thread when the load average leaves half a
+     core idle), and with that second thread always, and never (what one core does);
+   - the floor of a checked read that returns each event as its own bytes: the plain file
+     read in 1 MiB pieces, the block checksum over each, each event copied out, no per-event
+     Python (the per-event API's ratio to the floor is what its Python costs);
+   and `verify` (every stored block checked, nothing returned) over the same store. Best of
+   several rounds taken in turns, also in CPU time (steadier on a machine shared with others;
+   the second thread's time counts).
 
-The CRC-32 comes from zlib-ng when it is installed (hardware: PCLMULQDQ/VPCLMULQDQ, ARMv8
-CRC), else from the standard library's zlib (same sums, several times slower); the first line
-of output says which.
+Blocks are checksummed with CRC-32C (the `crc32c` package: SSE4.2 / ARMv8 CRC instructions);
+stores written before read their CRC-32 blocks as well. The first line of output says which
+function computes the checksum of the blocks written here.
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
 import multiprocessing as mp
 import os
 import shutil
@@ -38,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,7 +55,8 @@ from results import Figure, Recorder  # benchmarks/results.py, beside this scrip
 
 from pipeline.durable import fsync_dir
 from pipeline.streams import open_store
-from pipeline.streams.embedded.blocks import crc32
+from pipeline.streams.embedded import reading
+from pipeline.streams.embedded.blocks import checksum
 
 EVENT = 64 * 1024
 STREAM = "bench/appends"
@@ -245,6 +255,19 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
         def sluice() -> int:
             return sum(len(e.payload) for e in store.read(STREAM, head, tail))
 
+        def batches() -> int:
+            return sum(batch.nbytes for batch in store.read_batches(STREAM, head, tail))
+
+        def checked_ahead(ahead: bool) -> Callable[[], int]:
+            def read() -> int:
+                reading.CHECK_AHEAD = ahead
+                try:
+                    return batches()
+                finally:
+                    reading.CHECK_AHEAD = None
+
+            return read
+
         def plain_file() -> int:
             total = 0
             for path in plain:
@@ -255,19 +278,27 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
 
         def floor() -> int:
             """The least a checked read returning each event as bytes does, without any
-            per-event Python: 1 MiB reads into a reused buffer (as the store reads its
-            blocks), a CRC-32 over each, each 64 KiB event copied out into its own bytes."""
-            total, buffer = 0, bytearray(16 * EVENT)
+            per-event Python: 1 MiB reads into a reused page-aligned buffer (as the store
+            reads its blocks), the block checksum over each, each 64 KiB event copied out into
+            its own bytes."""
+            total, buffer = 0, mmap.mmap(-1, 16 * EVENT)
             view = memoryview(buffer)
             for path in plain:
                 with path.open("rb", buffering=0) as fh:
                     while got := fh.readinto(buffer):
-                        crc32(view[:got])
+                        checksum(view[:got])
                         for at in range(0, got, EVENT):
                             total += len(bytes(view[at : at + EVENT]))
             return total
 
-        contenders = (("sluice", sluice), ("plain", plain_file), ("floor", floor))
+        contenders = (
+            ("sluice", sluice),
+            ("plain", plain_file),
+            ("batches", batches),
+            ("floor", floor),
+            ("two threads", checked_ahead(True)),
+            ("one thread", checked_ahead(False)),
+        )
         for _ in range(rounds + 1):  # the first round warms the page cache
             for name, read in contenders:
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -288,8 +319,31 @@ def bench_verify(workdir: Path) -> float:
     return report.bytes / 1e6 / elapsed
 
 
+def read_figures(wall: dict[str, float], cpu: dict[str, float], nbytes: int) -> list[Figure]:
+    """The read rows: each API against the plain file, the per-event API against the floor;
+    in wall time, then per CPU second."""
+    read = f"verified bounded read between cuts ({nbytes / 1e6:.0f} MB, page cache)"
+    peer = "plain file (unchecked)"
+    floor = "plain file + checksum + a copy per event (no per-event Python)"
+    rows = (
+        ("store.read (an Event per event)", "sluice", "plain", peer, ">= 0.80"),
+        ("store.read (an Event per event)", "sluice", "floor", floor, ""),
+        ("store.read_batches (Spark's)", "batches", "plain", peer, ">= 0.80"),
+        ("store.read_batches, a 2nd thread checking ahead", "two threads", "plain", peer, ""),
+        ("store.read_batches, all in one thread", "one thread", "plain", peer, ""),
+    )
+    figures = []
+    for seconds, unit in ((wall, ""), (cpu, ", per CPU second")):
+        rate = {name: nbytes / 1e6 / s for name, s in seconds.items()}
+        for api, ours, theirs, peer_name, goal in rows:
+            what = f"{read}, {api}{unit}"
+            shown = "" if unit else goal
+            figures.append(Figure(what, "MB/s", rate[ours], rate[theirs], peer_name, shown))
+    return figures
+
+
 def checksum_implementation() -> str:
-    return f"{crc32.__module__}.crc32"
+    return f"{checksum.__module__}.{checksum.__name__}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -313,13 +367,13 @@ def main() -> None:
         goal = f"  (goal {f.goal})" if f.goal else ""
         print(f"{f.what}: sluice {f.sluice:8.2f} {f.unit}{peer}{goal}")
     if args.write_results:
-        notes = [f"block checksums: CRC-32 from {checksum_implementation()}"]
+        notes = [f"block checksums: written with {checksum_implementation()}"]
         print(f"wrote {recorder.write(figures, notes)}")
 
 
 def measure(workdir: Path, args: argparse.Namespace) -> list[Figure]:
     """Every figure of the module docstring, in its order."""
-    print(f"block checksums: CRC-32 from {checksum_implementation()}", flush=True)
+    print(f"block checksums: written with {checksum_implementation()}", flush=True)
     figures = []
     for writers in (1, 4):
         ours, peer = bench_appends(workdir, writers, args.events, args.batch, args.rounds)
@@ -342,15 +396,7 @@ def measure(workdir: Path, args: argparse.Namespace) -> list[Figure]:
     syncs = count_commit_syncs(workdir, 50)
     figures.append(Figure(what, "syncs", syncs, 1.0, "pwrite + fdatasync"))
     wall, cpu, nbytes = bench_read(workdir, args.reads)
-    what = f"verified bounded read between cuts ({nbytes / 1e6:.0f} MB, page cache)"
-    peer = "plain file (unchecked)"
-    rate = {name: nbytes / 1e6 / seconds for name, seconds in wall.items()}
-    figures.append(Figure(what, "MB/s", rate["sluice"], rate["plain"], peer, ">= 0.80"))
-    floor = "plain file + CRC-32 + a copy per event (no per-event Python)"
-    figures.append(Figure(what, "MB/s", rate["sluice"], rate["floor"], floor))
-    rate = {name: nbytes / 1e6 / seconds for name, seconds in cpu.items()}
-    figures.append(Figure(f"{what}, per CPU second", "MB/s", rate["sluice"], rate["plain"], peer))
-    figures.append(Figure(f"{what}, per CPU second", "MB/s", rate["sluice"], rate["floor"], floor))
+    figures += read_figures(wall, cpu, nbytes)
     what = "verify (every block checked, nothing returned)"
     figures.append(Figure(what, "MB/s", bench_verify(workdir)))
     return figures

@@ -67,6 +67,70 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class EventBatch:
+    """Consecutive events of one segment read together, as columns: event `i` is at
+    `offsets[i]`, ends at `end_offsets[i]`, and its payload is `data[starts[i]:ends[i]]`.
+
+    The payloads are slices of one read-only buffer, so a reader that hands them on as a whole
+    (an Arrow column, a file) copies nothing per event; `payload(i)` is a view, `events()`
+    makes the `Event`s (each payload copied). Every event was checked as `read` checks it.
+    """
+
+    stream: str
+    segment: int
+    data: bytes | memoryview
+    offsets: list[int]
+    end_offsets: list[int]
+    routing_keys: list[str | None]
+    starts: list[int]
+    ends: list[int]
+    ingest_times_ns: list[int]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def payload(self, i: int) -> memoryview:
+        return memoryview(self.data)[self.starts[i] : self.ends[i]]
+
+    @property
+    def nbytes(self) -> int:
+        """The payload bytes of the batch."""
+        return sum(self.ends) - sum(self.starts)
+
+    def events(self) -> Iterator[Event]:
+        columns = zip(
+            self.offsets,
+            self.end_offsets,
+            self.routing_keys,
+            self.starts,
+            self.ends,
+            self.ingest_times_ns,
+            strict=True,
+        )
+        data = self.data
+        whole = isinstance(data, bytes)  # (a whole bytes object is not copied)
+        for offset, end, key, at, until, ns in columns:
+            payload = data[at:until] if whole else bytes(data[at:until])
+            yield Event(self.stream, self.segment, offset, end, key, payload, ns)
+
+    @classmethod
+    def of(cls, stream: str, segment: int, events: list[Event]) -> EventBatch:
+        """A batch of events read one by one (their payloads joined into one buffer)."""
+        ends = list(itertools.accumulate(len(e.payload) for e in events))
+        return cls(
+            stream,
+            segment,
+            b"".join(e.payload for e in events),
+            [e.offset for e in events],
+            [e.end_offset for e in events],
+            [e.routing_key for e in events],
+            [0, *ends[:-1]],
+            ends,
+            [e.ingest_time_ns for e in events],
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Retention:
     """Keep at most `max_bytes` (whole stream) and nothing older than `max_age_seconds`."""
 
@@ -391,6 +455,21 @@ class StreamStore(ABC):
     ) -> Iterator[Event]:
         """Events of one segment from offset `start` up to `end` (its tail by default)."""
 
+    def read_batches(
+        self, stream: str, start: StreamCut | None = None, end: StreamCut | None = None
+    ) -> Iterator[EventBatch]:
+        """The events of `read(stream, start, end)`, in the same order and as checked, in
+        batches of one segment each (see `EventBatch`). A backend that reads blocks hands out
+        each run of blocks as one batch without copying a payload; by default the events of
+        `read` are grouped into batches of up to `BATCH_EVENTS`."""
+        yield from _batched(self.read(stream, start, end))
+
+    def read_segment_batches(
+        self, stream: str, segment: int, start: int, end: int | None = None
+    ) -> Iterator[EventBatch]:
+        """The events of `read_segment(stream, segment, start, end)` in batches."""
+        yield from _batched(self.read_segment(stream, segment, start, end))
+
     def split_points(
         self, stream: str, segment: int, start: int, end: int, parts: int
     ) -> list[int]:
@@ -469,3 +548,14 @@ class StreamStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: The most events a default `read_batches` batch holds.
+BATCH_EVENTS = 4096
+
+
+def _batched(events: Iterator[Event]) -> Iterator[EventBatch]:
+    """Events grouped into batches of one segment each, at most `BATCH_EVENTS` long."""
+    for (stream, segment), group in itertools.groupby(events, lambda e: (e.stream, e.segment)):
+        while chunk := list(itertools.islice(group, BATCH_EVENTS)):
+            yield EventBatch.of(stream, segment, chunk)

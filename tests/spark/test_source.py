@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import re
 
+import pyarrow as pa
 import pytest
 
 from pipeline.spark.errors import OptionError
 from pipeline.spark.options import SourceOptions
-from pipeline.spark.reading import admit, plan_ranges
+from pipeline.spark.reading import SegmentRange, admit, plan_ranges, read_range
 from pipeline.streams import StreamCut
 from tests.spark.conftest import fill
 
@@ -215,3 +216,27 @@ def test_emit_ranges_gives_one_row_per_planned_range(spark, store, store_uri, so
         len(list(store.read_segment(source, r["segment"], r["start"], r["end"]))) for r in rows
     )
     assert covered == 120
+
+
+def test_a_range_read_as_arrow_holds_every_event_of_the_range(store, store_uri, source):
+    """The executor's Arrow batches (built from the store's batch reads) against `read`:
+    small and large payloads, an empty one, keys and none, a range starting inside a block."""
+    with store.writer(source) as w:
+        for i in range(60):
+            size = 50_000 if i % 9 == 0 else i * 7
+            w.write(bytes([i]) * size, routing_key=None if i % 5 == 0 else f"k{i % 3}")
+            if i % 4 == 3:
+                w.flush()
+    segment = next(s for s, off in store.tail(source).positions if off > 0)
+    events = list(store.read_segment(source, segment, 0))
+    start, end = events[2].offset, events[-1].offset
+    part = SegmentRange(store_uri, source, segment, start, end)
+    table = pa.Table.from_batches(list(read_range(part)))
+    expected = events[2:-1]
+    assert table.column("payload").to_pylist() == [e.payload for e in expected]
+    assert table.column("offset").to_pylist() == [e.offset for e in expected]
+    assert table.column("end_offset").to_pylist() == [e.end_offset for e in expected]
+    assert table.column("routing_key").to_pylist() == [e.routing_key for e in expected]
+    assert table.column("segment").to_pylist() == [segment] * len(expected)
+    ingest = table.column("ingest_time").cast(pa.int64()).to_pylist()
+    assert ingest == [e.ingest_time_ns // 1000 for e in expected]

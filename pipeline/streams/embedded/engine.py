@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import FileModes
-from pipeline.streams.api import Event, check_event
+from pipeline.streams.api import check_event
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.embedded.binding import HeadBlock, bind, manifest_of
 from pipeline.streams.embedded.blocks import (
@@ -37,7 +37,7 @@ from pipeline.streams.embedded.manifest import (
     stream_dir,
     write_manifest,
 )
-from pipeline.streams.embedded.reading import BlockReader, read_events
+from pipeline.streams.embedded.reading import BlockReader, Buffers, Reading, read_events
 from pipeline.streams.embedded.routing import SegmentRange
 from pipeline.streams.embedded.segment import SegmentFile
 from pipeline.streams.errors import (
@@ -105,6 +105,7 @@ class Engine:
         root.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
         self._files: dict[tuple[int, int], SegmentFile] = {}
         self._opened: set[int] = set()
+        self.read_buffers = Buffers()  # shared by every read of this store (reading.py)
         self.open_catalog()
 
     def open_catalog(self) -> None:
@@ -559,10 +560,16 @@ class Engine:
 
     # --- reading ------------------------------------------------------------------------
     def read_segment(
-        self, row: StreamRow, segment: int, start: int, end: int | None = None
-    ) -> Iterator[Event]:
+        self,
+        row: StreamRow,
+        segment: int,
+        start: int,
+        end: int | None = None,
+        reading: Reading = read_events,
+    ) -> Iterator:
         """Events of one segment from `start` up to `end` (its tail by default), each block
-        checked before its events are returned (`Corrupted` at the first damaged one)."""
+        checked before its events are returned (`Corrupted` at the first damaged one); with
+        `reading=read_batches`, in batches."""
         known = {s for s, _, _ in self.segments(row)}
         if not known:  # only a deleted stream has no segments
             raise StreamNotFound(row.scope, row.name)
@@ -584,15 +591,17 @@ class Engine:
         head = self.segment_head(row, segment)
         if start < head:
             raise Truncated(row.qualified, segment, start, head)
-        return self._read_range(row, segment, start, end)
+        return self._read_range(row, segment, start, end, reading)
 
-    def _read_range(self, row: StreamRow, segment: int, start: int, end: int) -> Iterator[Event]:
+    def _read_range(
+        self, row: StreamRow, segment: int, start: int, end: int, reading: Reading
+    ) -> Iterator:
         self.check_boundary(row, segment, start)
         self.check_boundary(row, segment, end)
         blocks = self.blocks(row, segment, start, end)
-        reader = BlockReader(self.segment_file(row, segment))
+        reader = BlockReader(self.segment_file(row, segment), self.read_buffers)
         try:
-            yield from read_events(reader, row.qualified, segment, blocks, start=start, end=end)
+            yield from reading(reader, row.qualified, segment, blocks, start=start, end=end)
         except BadBlock as bad:
             raise self.corrupted(row, segment, bad) from None
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.streams.api import Problem, Progress, RepairReport, VerifyReport
-from pipeline.streams.embedded.blocks import BadBlock, crc32
+from pipeline.streams.embedded.blocks import BadBlock, body_magic, checksum_for
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.manifest import read_manifest
 from pipeline.streams.embedded.reading import BlockReader
@@ -178,15 +178,16 @@ def body_problem(path: Path, body_len: int, body_crc: int) -> str | None:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return f"are missing ({path.name})"
+    sums = checksum_for(body_magic(body_crc, body_len))
     try:
         crc, pos = 0, 0
         while pos < body_len and (chunk := os.pread(fd, min(1 << 24, body_len - pos), pos)):
-            crc, pos = crc32(chunk, crc), pos + len(chunk)
+            crc, pos = sums(chunk, crc), pos + len(chunk)
     finally:
         os.close(fd)
     if pos < body_len:
         return f"are cut short ({pos} of {body_len} bytes in {path.name})"
-    return None if crc == body_crc else f"fail their checksum ({path.name})"
+    return None if crc == body_crc & 0xFFFFFFFF else f"fail their checksum ({path.name})"
 
 
 def head_block(engine: Engine, row: StreamRow, segment: int) -> int:

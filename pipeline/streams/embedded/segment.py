@@ -25,8 +25,8 @@ from pathlib import Path
 from pipeline.config import FileModes
 from pipeline.durable import fsync_dir
 from pipeline.streams.embedded.blocks import (
-    BLOCK_MAGIC,
     HEADER,
+    MAGIC_PREFIX,
     MAX_META,
     BlockHeader,
     block_is_intact,
@@ -160,12 +160,12 @@ class SegmentFile:
         size = self.size()
         pos = after + 1
         while pos < size:
-            chunk = self.pread(SCAN_CHUNK + len(BLOCK_MAGIC) - 1, pos)
-            found = chunk.find(BLOCK_MAGIC)
+            chunk = self.pread(SCAN_CHUNK + len(MAGIC_PREFIX) - 1, pos)
+            found = chunk.find(MAGIC_PREFIX)
             while 0 <= found < SCAN_CHUNK:
                 if self.valid_block(pos + found, size) is not None:
                     return pos + found
-                found = chunk.find(BLOCK_MAGIC, found + 1)
+                found = chunk.find(MAGIC_PREFIX, found + 1)
             pos += SCAN_CHUNK
         return None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from pipeline.streams.api import (
     DEFAULT_TXN_LEASE_SECONDS,
     Event,
+    EventBatch,
     EventWriter,
     Progress,
     ReaderGroup,
@@ -34,6 +35,7 @@ from pipeline.streams.embedded.binding import next_stream_id
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.readers import EmbeddedReaderGroup
+from pipeline.streams.embedded.reading import read_batches
 from pipeline.streams.embedded.routing import key_position
 from pipeline.streams.embedded.transactions import EmbeddedTransaction
 from pipeline.streams.embedded.writer import EmbeddedWriter
@@ -237,6 +239,19 @@ class EmbeddedStore(StreamStore):
     def read(
         self, stream: str, start: StreamCut | None = None, end: StreamCut | None = None
     ) -> Iterator[Event]:
+        for seg, begin, finish in self._ranges(stream, start, end):
+            yield from self.read_segment(stream, seg, begin, finish)
+
+    def read_batches(
+        self, stream: str, start: StreamCut | None = None, end: StreamCut | None = None
+    ) -> Iterator[EventBatch]:
+        for seg, begin, finish in self._ranges(stream, start, end):
+            yield from self.read_segment_batches(stream, seg, begin, finish)
+
+    def _ranges(
+        self, stream: str, start: StreamCut | None, end: StreamCut | None
+    ) -> Iterator[tuple[int, int, int]]:
+        """(segment, start, end) of each segment between two cuts, in segment order."""
         engine = self._engine
         row = engine.stream_row(stream)
         start = engine.check_cut(row, start) if start else engine.head(row)
@@ -249,12 +264,18 @@ class EmbeddedStore(StreamStore):
             ends.setdefault(seg, engine.segment_head(row, seg))
             if ends[seg] < starts[seg]:
                 raise InvalidCut(end.text, f"it is before the start cut in segment {seg}")
-            yield from self.read_segment(stream, seg, starts[seg], ends[seg])
+            yield seg, starts[seg], ends[seg]
 
     def read_segment(
         self, stream: str, segment: int, start: int, end: int | None = None
     ) -> Iterator[Event]:
         return self._engine.read_segment(self._engine.stream_row(stream), segment, start, end)
+
+    def read_segment_batches(
+        self, stream: str, segment: int, start: int, end: int | None = None
+    ) -> Iterator[EventBatch]:
+        row = self._engine.stream_row(stream)
+        return self._engine.read_segment(row, segment, start, end, reading=read_batches)
 
     def split_points(
         self, stream: str, segment: int, start: int, end: int, parts: int

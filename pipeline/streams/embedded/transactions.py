@@ -31,7 +31,9 @@ from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.blocks import (
     BadBlock,
     BlockHeader,
-    crc32,
+    body_checksum,
+    body_magic,
+    checksum_for,
     encode_header,
     iter_frames,
     parse_header,
@@ -214,7 +216,8 @@ class EmbeddedTransaction(Transaction):
                 os.close(fd)
             if new_file:
                 fsync_dir(self._dir)
-        return segment, body_len + len(data), events + len(frames), crc32(data, crc)
+        crc = body_checksum(crc, body_len, data)
+        return segment, body_len + len(data), events + len(frames), crc
 
     def _record(self, rows: list[BodyRow], drop: tuple[int, ...] = ()) -> None:
         with self.engine.catalog.write() as db:
@@ -395,8 +398,7 @@ class EmbeddedTransaction(Transaction):
         chunks = self._checked_body(segment, body_len, crc)
         frames = self._pending.get(segment, [])
         for frame in frames:
-            crc = crc32(frame, crc)
-        body_len += sum(len(f) for f in frames)
+            crc, body_len = body_checksum(crc, body_len, frame), body_len + len(frame)
         header = self._header(ingest_ns, bounds, body_len, events + len(frames), crc)
         end = segfile.append(at, [header, *chunks, *frames])
         parsed = parse_header(header, 0, at)
@@ -560,6 +562,7 @@ class EmbeddedTransaction(Transaction):
             ingest_ns=ingest_ns,
             time_bounds=bounds,
             meta=b"t" + self.txn_id.encode(),
+            magic=body_magic(crc, body_len),
         )
 
     def _roll_forward(self) -> None:
@@ -617,10 +620,10 @@ class EmbeddedTransaction(Transaction):
         """The flushed body of a segment, checked against its recorded length and CRC: never
         land a block that would fail its own checksum."""
         chunks = self._body(segment, body_len)
-        found = 0
+        sums, found = checksum_for(body_magic(body_crc, body_len)), 0
         for chunk in chunks:
-            found = crc32(chunk, found)
-        if found != body_crc:
+            found = sums(chunk, found)
+        if found != body_crc & 0xFFFFFFFF:
             msg = f"its flushed events for segment {segment} are damaged (checksum mismatch)"
             raise TxnFailed(self.txn_id, "committing", msg)
         return chunks

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from pipeline.streams.api import EventWriter
-from pipeline.streams.embedded.blocks import crc32, encode_header
+from pipeline.streams.embedded.blocks import checksum, encode_header
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow, encode_pieces
 from pipeline.streams.embedded.routing import route
@@ -132,7 +132,7 @@ class EmbeddedWriter(EventWriter):
             body = [piece for _, _, pieces in events for piece in pieces]
             crc = 0
             for piece in body:
-                crc = crc32(piece, crc)
+                crc = checksum(piece, crc)
             header = encode_header(
                 body_crc=crc,
                 body_len=sum(map(len, body)),

@@ -56,6 +56,7 @@ class Life:
     first_batch: threading.Event = field(default_factory=threading.Event)
     first_batch_after: float | None = None
     stderr: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
     def _pump(self) -> None:
         assert self.proc.stderr is not None
@@ -80,7 +81,8 @@ def start(argv: list[str], env: dict[str, str]) -> Life:
         start_new_session=True,
     )
     life = Life(proc, time.monotonic())
-    threading.Thread(target=life._pump, daemon=True).start()
+    life.pump = threading.Thread(target=life._pump, daemon=True)
+    life.pump.start()
     return life
 
 
@@ -99,8 +101,9 @@ class Aim:
 
     def learn(self, life: Life, killed: bool) -> None:
         ended = time.monotonic() - life.started
-        if life.first_batch_after is None:  # killed before its first batch: it takes longer
-            self.startup = min(30.0, max(self.startup, ended))
+        if life.first_batch_after is None:
+            if killed:  # before its first batch: a first batch takes at least this long
+                self.startup = min(30.0, max(self.startup, ended))
             return
         # later kills aim at the start-up time this machine shows
         self.startup = min(30.0, max(3.0, 0.5 * self.startup + 0.5 * life.first_batch_after))
@@ -163,6 +166,8 @@ def kill_loop(
             aim.learn(life, killed=True)
         else:
             assert life.proc.returncode == 0, life.tail()
+            if life.pump is not None:
+                life.pump.join(timeout=10)  # its last lines: when its first batch came
             aim.learn(life, killed=False)
         lives += 1
         if lives > kills * 3:

@@ -143,7 +143,8 @@ def run_to_completion(argv: list[str], env: dict[str, str], timeout: float = 240
     except subprocess.TimeoutExpired:
         kill(life)
         raise
-    time.sleep(0.1)  # let the pump thread take the last lines
+    if life.pump is not None:
+        life.pump.join(timeout=10)  # the pump has taken the last lines
     assert code == 0, life.tail()
     return life
 

@@ -56,7 +56,6 @@ class Life:
     first_batch: threading.Event = field(default_factory=threading.Event)
     first_batch_after: float | None = None
     stderr: list[str] = field(default_factory=list)
-    pump: threading.Thread | None = None
 
     def _pump(self) -> None:
         assert self.proc.stderr is not None
@@ -81,8 +80,7 @@ def start(argv: list[str], env: dict[str, str]) -> Life:
         start_new_session=True,
     )
     life = Life(proc, time.monotonic())
-    life.pump = threading.Thread(target=life._pump, daemon=True)
-    life.pump.start()
+    threading.Thread(target=life._pump, daemon=True).start()
     return life
 
 
@@ -143,8 +141,7 @@ def run_to_completion(argv: list[str], env: dict[str, str], timeout: float = 240
     except subprocess.TimeoutExpired:
         kill(life)
         raise
-    if life.pump is not None:
-        life.pump.join(timeout=10)  # the pump has taken the last lines
+    time.sleep(0.1)  # let the pump thread take the last lines
     assert code == 0, life.tail()
     return life
 
@@ -167,8 +164,9 @@ def kill_loop(
             aim.learn(life, killed=True)
         else:
             assert life.proc.returncode == 0, life.tail()
-            if life.pump is not None:
-                life.pump.join(timeout=10)  # its last lines: when its first batch came
+            # it ran batches, so the pump sees a first batch line: wait for it (not for the
+            # pipe's end, which the JVM, still stopping after the driver, holds open)
+            life.first_batch.wait(timeout=10)
             aim.learn(life, killed=False)
         lives += 1
         if lives > kills * 3:

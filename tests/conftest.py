@@ -25,8 +25,8 @@ SLOW_COST_SECONDS = {
     "tests/spark/test_connect.py::test_jobs_attach_to_the_server_and_survive_its_kill": 123,
     "tests/deploy/test_dagster_postgres.py": 120,
 }
-#: Slow tests not in the table that start a JVM or a service: after the table, before the
-#: store and collector crash tests (seconds each).
+#: Slow tests not in the table that start a JVM (besides those marked `spark`): after the
+#: table, before the store and collector crash tests.
 STARTS_SPARK = ("tests/docs/test_guides.py", "tests/spark/test_class_archive.py")
 
 

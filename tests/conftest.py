@@ -10,27 +10,39 @@ from pipeline.settings import SluiceSettings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: The Spark driver kill suites take 6-12 minutes each on 2 cores. They run first, paired so
-#: that with `make test`'s `-n 2 --maxschedchunk 1` (each worker starts with two tests, then
-#: takes one at a time) each worker starts with about the same load, and both finish
-#: together instead of one waiting on the last long suite.
-LONG_FIRST = (
-    ("test_export_kill.py", None),
-    ("test_mirror_kill.py", "driver"),
-    ("test_mirror_kill.py", "tasks"),
-    ("test_bookmark_kill.py", None),
-    ("test_dagster_postgres.py", None),
-)
+#: The slow pass (`make test`: `-m slow -n 2 --maxschedchunk 1`) hands each xdist worker
+#: two tests, then one more whenever it finishes one, in collection order. Longest first, so
+#: that no 3-to-6-minute test starts last and runs alone while the other worker idles: this
+#: table orders them, by the seconds each took on a quiet 2-core machine (update it from
+#: `--durations` when a test's cost changes a lot). Keys are node ids or their prefixes.
+SLOW_COST_SECONDS = {
+    "tests/reliability/test_export_kill.py": 333,
+    "tests/reliability/test_mirror_kill.py::test_mirror_driver_killed_at_random_points[tasks": 201,
+    "tests/test_demo.py::test_make_demo_short": 186,
+    "tests/reliability/test_mirror_kill.py::test_mirror_driver_killed_at_random_points[driver": 175,
+    "tests/reliability/test_bookmark_kill.py": 158,
+    "tests/assets/test_ui.py": 153,
+    "tests/spark/test_connect.py::test_jobs_attach_to_the_server_and_survive_its_kill": 123,
+    "tests/deploy/test_dagster_postgres.py": 120,
+}
+#: Slow tests not in the table that start a JVM (besides those marked `spark`): after the
+#: table, before the store and collector crash tests.
+STARTS_SPARK = ("tests/docs/test_guides.py", "tests/spark/test_class_archive.py")
+
+
+def slow_rank(item: pytest.Item) -> tuple[int, float]:
+    """Sort key: the table's tests by cost, descending, then Spark tests, then the rest."""
+    if item.get_closest_marker("slow") is None:
+        return (2, 0)
+    for prefix, seconds in SLOW_COST_SECONDS.items():
+        if item.nodeid.startswith(prefix):
+            return (0, -seconds)
+    spark = item.get_closest_marker("spark") or item.nodeid.startswith(STARTS_SPARK)
+    return (1, 0) if spark else (2, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        callspec = getattr(item, "callspec", None)
-        mode = callspec.params.get("commit_mode") if callspec is not None else None
-        key = (item.path.name, mode)
-        return LONG_FIRST.index(key) if key in LONG_FIRST else len(LONG_FIRST)
-
-    items.sort(key=rank)  # stable: every other test keeps its order
+    items.sort(key=slow_rank)  # stable: tests of equal rank keep their order
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,9 @@ no piece of the old driver keeps committing while the next one starts.
 Kill points: half anywhere from start-up to the end of the life's first batch (planning,
 the replay of a batch the previous life left unfinished, its tasks and commit), half at a
 random moment after the first batch was reported (in the middle of later batches: reading,
-writing transactions or files, recording the intent, committing, marking done).
+writing transactions or files, recording the intent, committing, marking done). Both windows
+are learned from the lives so far (`Aim`), so that a kill lands inside a life instead of after
+its end: a life that finishes before its kill point is a whole driver run that kills nothing.
 """
 
 from __future__ import annotations
@@ -87,13 +89,33 @@ def kill(life: Life) -> None:
     life.proc.wait()
 
 
-def kill_at_random(life: Life, rng: random.Random, startup_estimate: float) -> bool:
+@dataclass
+class Aim:
+    """What the lives so far say about this machine: seconds from a driver's start to its
+    first batch's report, and how long a driver that was not killed ran after that report."""
+
+    startup: float = 15.0
+    tail: float = 2.5
+
+    def learn(self, life: Life, killed: bool) -> None:
+        ended = time.monotonic() - life.started
+        if life.first_batch_after is None:
+            if killed:  # before its first batch: a first batch takes at least this long
+                self.startup = min(30.0, max(self.startup, ended))
+            return
+        # later kills aim at the start-up time this machine shows
+        self.startup = min(30.0, max(3.0, 0.5 * self.startup + 0.5 * life.first_batch_after))
+        if not killed:  # it ran to its end: later kills after a first batch aim before that
+            self.tail = max(0.3, min(self.tail, 0.8 * (ended - life.first_batch_after)))
+
+
+def kill_at_random(life: Life, rng: random.Random, aim: Aim) -> bool:
     """Kill the driver at a random point; False if it finished (caught up) first."""
     if rng.random() < 0.5:  # anywhere up to the end of the first batch: start-up, replays
-        deadline = life.started + rng.uniform(0.5, startup_estimate)
+        deadline = life.started + rng.uniform(0.5, aim.startup)
     else:
-        life.first_batch.wait(timeout=startup_estimate * 4)
-        deadline = time.monotonic() + rng.uniform(0.0, 2.5)
+        life.first_batch.wait(timeout=aim.startup * 4)
+        deadline = time.monotonic() + rng.uniform(0.0, aim.tail)
     while time.monotonic() < deadline:
         if life.proc.poll() is not None:
             return False
@@ -132,19 +154,20 @@ def kill_loop(
     seed: int | None = None,
 ) -> int:
     """Start, kill, restart `kills` times; return the number of lives that were killed."""
-    rng = random.Random(seed)
-    startup = 15.0
+    rng, aim = random.Random(seed), Aim()
     killed = lives = 0
     while killed < kills:
         before_each_life(lives)
         life = start(argv, env)
-        if kill_at_random(life, rng, startup):
+        if kill_at_random(life, rng, aim):
             killed += 1
+            aim.learn(life, killed=True)
         else:
             assert life.proc.returncode == 0, life.tail()
-        if life.first_batch_after is not None:
-            # later kills aim at the start-up time this machine shows
-            startup = min(30.0, max(3.0, 0.5 * startup + 0.5 * life.first_batch_after))
+            # it ran batches, so the pump sees a first batch line: wait for it (not for the
+            # pipe's end, which the JVM, still stopping after the driver, holds open)
+            life.first_batch.wait(timeout=10)
+            aim.learn(life, killed=False)
         lives += 1
         if lives > kills * 3:
             msg = f"only {killed} of {lives} lives could be killed: the job ends too fast"

@@ -191,6 +191,20 @@ class CatalogMismatch(CatalogUnusable):
         )
 
 
+class StoreFormatTooNew(StreamStoreError):
+    """A newer Sluice wrote the store, in a format this code does not know: refused before
+    anything is written or cut (this code could take the newer data for damage)."""
+
+    def __init__(self, path: str, found: str, supported: int) -> None:
+        self.path, self.found, self.supported = path, found, supported
+        msg = (
+            f"{path} says the store has format {found}, newer than this Sluice knows (formats"
+            f" up to {supported}): a newer Sluice wrote it. Nothing was changed; upgrade"
+            " Sluice to open this store"
+        )
+        super().__init__(msg)
+
+
 class TxnNotFound(StreamStoreError, LookupError):
     def __init__(self, txn_id: str) -> None:
         self.txn_id = txn_id

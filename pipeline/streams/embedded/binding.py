@@ -4,7 +4,9 @@ On open, a catalog that does not describe the data under `data/` (new or emptied
 streams, another store's, or an older copy missing streams) is refused with `CatalogMismatch`;
 nothing is changed, and `repair` rebuilds it from the manifests and segment files. Stream ids
 are allocated above every id the catalog or the disk has used, so a stream never meets
-another's files. A version-1 catalog (no store id) is adopted: it gets an id and manifests.
+another's files. A version-1 catalog (no store id) is adopted: it gets an id and manifests;
+a version-2 store is upgraded (FORMAT.md, "Versions"). A store of a format newer than this code
+knows is refused with `StoreFormatTooNew` before anything is written.
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.streams.embedded.catalog import FORMAT_VERSION, Catalog
+from pipeline.streams.embedded.catalog import FORMAT_VERSION, Catalog, is_newer
 from pipeline.streams.embedded.manifest import (
+    STORE_FILE,
     SegmentEntry,
     StreamManifest,
     read_manifest,
+    read_store_format,
     read_store_id,
     stream_ids_on_disk,
     write_manifest,
     write_store_id,
 )
-from pipeline.streams.errors import CatalogMismatch
+from pipeline.streams.errors import CatalogMismatch, StoreFormatTooNew
 from pipeline.wording import counted
 
 #: (segment, head) -> where the block holding `head` starts
@@ -33,10 +37,30 @@ HeadBlock = Callable[[int, int], int]
 
 def bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) -> str:
     """The store id, once the catalog is known to describe the data; else `CatalogMismatch`.
+    The store is then of this code's format (upgraded if it was older). One of a newer format
+    is refused with `StoreFormatTooNew`, nothing written, and the catalog closed.
 
     `head_block(stream_id)` gives the head-block function of one stream (for manifests
     written when a version-1 catalog is adopted).
     """
+    try:
+        refuse_newer_store_file(root)
+        store_id = _bind(root, catalog, head_block)
+        _upgrade(root, catalog, store_id)
+    except StoreFormatTooNew:
+        catalog.close()  # the store does not open: let go of its catalog at once
+        raise
+    return store_id
+
+
+def refuse_newer_store_file(root: Path) -> None:
+    """`StoreFormatTooNew` if `store.json` names a format newer than this code knows."""
+    found = read_store_format(root)
+    if found is not None and is_newer(found):
+        raise StoreFormatTooNew(str(root / STORE_FILE), str(found), FORMAT_VERSION)
+
+
+def _bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) -> str:
     on_disk = stream_ids_on_disk(root)  # before the catalog is read: see `_unknown_streams`
     file_id = read_store_id(root)
     version, store_id = catalog.identity()
@@ -46,8 +70,8 @@ def bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) -
                 root, catalog, db, file_id=file_id, on_disk=on_disk, head_block=head_block
             )
     path = str(catalog.path)
-    if file_id is None:
-        write_store_id(root, store_id)  # the file alone was lost: the catalog knows the id
+    if file_id is None:  # the file alone was lost: the catalog knows the id
+        write_store_id(root, store_id, FORMAT_VERSION)
     elif file_id != store_id:
         reason = f"the catalog belongs to store {store_id}, the data files to store {file_id}"
         raise CatalogMismatch(path, reason)
@@ -59,6 +83,22 @@ def bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) -
         )
         raise CatalogMismatch(path, reason)
     return store_id
+
+
+def _upgrade(root: Path, catalog: Catalog, store_id: str) -> None:
+    """Bring an older store (or one whose upgrade a crash cut short) to this code's format:
+    `store.json`, then the catalog's meta, in one catalog transaction, so that one process
+    does it and a store a newer Sluice upgraded meanwhile is refused, not downgraded."""
+    if catalog.identity()[0] == str(FORMAT_VERSION) == str(read_store_format(root)):
+        return
+    with catalog.write() as db:
+        version = db.execute("SELECT value FROM meta WHERE key='format_version'").fetchone()[0]
+        if is_newer(version):
+            raise StoreFormatTooNew(str(catalog.path), version, FORMAT_VERSION)
+        refuse_newer_store_file(root)
+        if read_store_format(root) != FORMAT_VERSION:
+            write_store_id(root, store_id, FORMAT_VERSION)
+        db.execute("UPDATE meta SET value=? WHERE key='format_version'", (str(FORMAT_VERSION),))
 
 
 def _initialise(
@@ -84,13 +124,13 @@ def _initialise(
     if version is not None and file_id is not None:
         raise CatalogMismatch(path, "it is a version-1 catalog, older than the data beside it")
     store_id = uuid.uuid4().hex
-    write_store_id(root, store_id)
+    write_store_id(root, store_id, FORMAT_VERSION)
     if version is not None:  # adopt: every stream gets its manifest now
         for (stream_id,) in db.execute("SELECT id FROM streams").fetchall():
             write_manifest(root, manifest_of(db, store_id, stream_id, head_block(stream_id)))
     db.executemany(
         "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-        [("format_version", FORMAT_VERSION), ("store_id", store_id)],
+        [("format_version", str(FORMAT_VERSION)), ("store_id", store_id)],
     )
     return store_id
 

@@ -1,7 +1,7 @@
 """The embedded store's catalog: one SQLite database (WAL) shared by every process.
 
 Two connections with two durability levels (a catalog that is unreadable or refused raises a
-typed error from every query and write):
+typed error from every query and write; one a newer Sluice wrote is not opened at all):
 - `meta` (synchronous=FULL): scopes, streams, segments, transactions, reader groups. A change
   here that returned has survived a power cut.
 - `index` (synchronous=NORMAL): the block index and writer positions. They are derived from the
@@ -21,9 +21,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from pipeline.streams.errors import CatalogDamaged, StoreFull, StreamStoreError
+from pipeline.streams.errors import (
+    CatalogDamaged,
+    StoreFormatTooNew,
+    StoreFull,
+    StreamStoreError,
+)
 
-FORMAT_VERSION = "2"
+#: The store's format (FORMAT.md, "Versions"), kept in `meta` and in `store.json`. A store of
+#: a higher one is refused with `StoreFormatTooNew`; a lower one is upgraded when opened.
+FORMAT_VERSION = 3
 _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
 
 SCHEMA = """
@@ -98,10 +105,14 @@ class Catalog:
         try:
             self.meta = _connect(path, "FULL")
             with self.write(self.meta) as db:
+                _refuse_newer(db, path)  # before the schema: such a catalog is never changed
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
             self.index = _connect(path, "NORMAL")
+        except StoreFormatTooNew:
+            self.close()
+            raise
         except (sqlite3.DatabaseError, CatalogDamaged) as exc:
             self.close()
             error = self._translate(exc) if isinstance(exc, sqlite3.Error) else exc
@@ -188,6 +199,23 @@ class Catalog:
             for conn in (self.meta, self.index):
                 if conn is not None:
                     conn.close()
+
+
+def is_newer(version: object) -> bool:
+    """Whether a stored format version is one this code does not know: a higher number, or
+    no number at all."""
+    try:
+        return int(str(version)) > FORMAT_VERSION
+    except ValueError:
+        return True
+
+
+def _refuse_newer(db: sqlite3.Cursor, path: Path) -> None:
+    """`StoreFormatTooNew` if a newer Sluice wrote this catalog."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone():
+        row = db.execute("SELECT value FROM meta WHERE key='format_version'").fetchone()
+        if row is not None and is_newer(row[0]):
+            raise StoreFormatTooNew(str(path), str(row[0]), FORMAT_VERSION)
 
 
 def now_ns() -> int:

@@ -117,18 +117,39 @@ def stream_ids_on_disk(root: Path) -> list[int]:
     return sorted(int(p.name) for p in data.iterdir() if p.name.isascii() and p.name.isdigit())
 
 
+def _read_store_file(root: Path) -> dict | None:
+    """What `store.json` holds; None when there is none; `ValueError` when it is no object."""
+    try:
+        raw = json.loads((root / STORE_FILE).read_bytes())  # ValueError if no JSON
+    except FileNotFoundError:
+        return None
+    if not isinstance(raw, dict):
+        msg = f"{STORE_FILE} holds no JSON object"
+        raise ValueError(msg)
+    return raw
+
+
 def read_store_id(root: Path) -> str | None:
     """The id in `store.json`, or None when there is none (a new store, or a lost file)."""
     try:
-        raw = json.loads((root / STORE_FILE).read_bytes())
-    except FileNotFoundError:
-        return None
-    except (ValueError, UnicodeDecodeError):
+        raw = _read_store_file(root)
+    except ValueError:
         return "unreadable"
-    return str(raw.get("store_id")) if isinstance(raw, dict) else "unreadable"
+    return None if raw is None else str(raw.get("store_id"))
 
 
-def write_store_id(root: Path, store_id: str) -> None:
+def read_store_format(root: Path) -> object | None:
+    """The format `store.json` names, as written; None without one (or an unreadable file,
+    which `read_store_id` reports)."""
+    try:
+        raw = _read_store_file(root)
+    except ValueError:
+        return None
+    return None if raw is None else raw.get("format")
+
+
+def write_store_id(root: Path, store_id: str, store_format: int) -> None:
     path = root / STORE_FILE
+    data = {"store_id": store_id, "format": store_format}
     with out_of_space(path):
-        write_bytes(path, (json.dumps({"store_id": store_id, "format": 2}) + "\n").encode())
+        write_bytes(path, (json.dumps(data) + "\n").encode())

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.streams.api import Problem, Progress, RepairReport, VerifyReport
+from pipeline.streams.embedded.binding import refuse_newer_store_file
 from pipeline.streams.embedded.blocks import BlockHeader
 from pipeline.streams.embedded.catalog import FORMAT_VERSION, Catalog, now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow
@@ -103,6 +104,7 @@ def survey_segment(
 def rebuild(engine: Engine, progress: Progress | None) -> RepairReport:
     """Set the catalog aside and build a new one from the manifests and segment files."""
     root = engine.root
+    refuse_newer_store_file(root)  # a newer Sluice's store: its catalog is not ours to replace
     tally = Tally(progress, 0)
     lost_groups = reader_groups_of(root / "catalog.db")
     manifests = read_manifests(root, tally)
@@ -114,7 +116,7 @@ def rebuild(engine: Engine, progress: Progress | None) -> RepairReport:
         fill_catalog(catalog, store_id, manifests)
     finally:
         catalog.close()
-    write_store_id(root, store_id)
+    write_store_id(root, store_id, FORMAT_VERSION)
     engine.open_catalog()
     if engine.problem is not None:
         raise engine.problem
@@ -194,7 +196,7 @@ def fill_catalog(catalog: Catalog, store_id: str, manifests: dict[int, StreamMan
         db.executemany(
             "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
             [
-                ("format_version", FORMAT_VERSION),
+                ("format_version", str(FORMAT_VERSION)),
                 ("store_id", store_id),
                 ("rebuilt_ns", str(now_ns())),  # transaction ids issued before: not rebuilt
             ],

@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.streams import open_store
 from pipeline.streams.embedded.catalog import FORMAT_VERSION
-from pipeline.streams.errors import CatalogDamaged, StoreFormatTooNew
+from pipeline.streams.errors import StoreFormatTooNew
 from tests.streams.test_block_versions import FIXTURE, STREAM, as_rows, expected
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,17 +163,20 @@ def test_a_newer_store_is_refused_and_left_as_it_is(store_dir: Path, where: str)
     assert snapshot(store_dir) == before
 
 
-def test_repair_refuses_a_newer_store_whose_catalog_is_unreadable(store_dir: Path):
-    """An unreadable catalog names no version, so the store opens refusing (`CatalogDamaged`);
-    `repair` reads `store.json` before it would set the catalog aside."""
+@pytest.mark.parametrize("catalog", ["unreadable", "missing"])
+def test_a_newer_store_without_a_usable_catalog_is_refused_at_open(store_dir: Path, catalog: str):
+    """`store.json` is read before the catalog: a newer store's unreadable catalog is not
+    taken for damage (nor set aside by `repair`), a missing one is not created."""
     path = newer_store(store_dir, "store.json")
     for wal in store_dir.glob("catalog.db-*"):
         wal.unlink()
-    (store_dir / "catalog.db").write_bytes(b"not a database" * 1000)
+    if catalog == "missing":
+        (store_dir / "catalog.db").unlink()
+    else:
+        (store_dir / "catalog.db").write_bytes(b"not a database" * 1000)
     before = snapshot(store_dir)
-    with open_store(f"embedded:{store_dir}") as store:
-        with pytest.raises(CatalogDamaged):
-            store.list_streams()
-        with pytest.raises(StoreFormatTooNew, match=re.escape(refusal(path))):
-            store.repair()
+    with pytest.raises(StoreFormatTooNew, match=re.escape(refusal(path))):
+        open_store(f"embedded:{store_dir}")
+    proc = sluice(store_dir, "repair")
+    assert (proc.returncode, proc.stderr) == (1, f"sluice: error: {refusal(path)}\n")
     assert snapshot(store_dir) == before

@@ -20,7 +20,12 @@ from pathlib import Path
 from pipeline.config import FileModes
 from pipeline.streams.api import check_event
 from pipeline.streams.cut import StreamCut, as_cut
-from pipeline.streams.embedded.binding import HeadBlock, bind, manifest_of
+from pipeline.streams.embedded.binding import (
+    HeadBlock,
+    bind,
+    manifest_of,
+    refuse_newer_store_file,
+)
 from pipeline.streams.embedded.blocks import (
     BadBlock,
     BlockHeader,
@@ -112,6 +117,9 @@ class Engine:
         """Open the catalog and bind it to the data (again, after `repair` rebuilt it)."""
         self._opened.clear()
         self.store_id = ""
+        # before the catalog is opened: a newer store's missing or unreadable catalog is
+        # neither created nor read as damaged
+        refuse_newer_store_file(self.root)
         self.catalog = Catalog(self.root / "catalog.db")
         self.problem: StreamStoreError | None = self.catalog.refusal
         if self.catalog.readable:

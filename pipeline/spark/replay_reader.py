@@ -214,13 +214,16 @@ def _values(column: pa.ChunkedArray) -> list[pa.Buffer | None]:
 # --- the driver -----------------------------------------------------------------------------
 
 
-def slice_rows(chunks: pa.Table, plan: FlattenPlan) -> tuple[pa.Table, pa.Table, int]:
+def slice_rows(
+    chunks: pa.Table, plan: FlattenPlan, *, decode: bool = True
+) -> tuple[pa.Table, pa.Table, int]:
     """(rows, quarantined events, events read) of the chunks the tasks returned.
 
     Rows have the columns of `flatten(plan, …)`, then `_time_ns` and `_routing_key`, sorted
     by (event time, segment, offset, sample); quarantined events are in (segment, offset)
     order. Each chunk's rows are sorted by time already and the chunks are put in stream
-    order, so one stable sort by time merges them."""
+    order, so one stable sort by time merges them. With `decode=False` the per-event
+    columns stay dictionary-encoded (the same values; `decoded` decodes them)."""
     where = chunks.select(["segment", "start"])
     order = pc.sort_indices(where, [("segment", "ascending"), ("start", "ascending")])
     inline, paths = _values(chunks.column("rows")), chunks.column("path").to_pylist()
@@ -237,18 +240,30 @@ def slice_rows(chunks: pa.Table, plan: FlattenPlan) -> tuple[pa.Table, pa.Table,
     schema = row_schema(plan)
     if not parts:
         return schema.empty_table(), quarantine, events
-    return _merged_rows(parts, schema), quarantine, events
+    return _merged_rows(parts, schema, decode), quarantine, events
 
 
-def _merged_rows(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
+def decoded(rows: pa.Table) -> pa.Table:
+    """`rows` with its dictionary columns decoded to their values' type."""
+    for i, field in enumerate(rows.schema):
+        if pa.types.is_dictionary(field.type):
+            plain = field.with_type(field.type.value_type)
+            rows = rows.set_column(i, plain, rows.column(i).cast(plain.type))
+    return rows
+
+
+def _merged_rows(parts: list[pa.Table], schema: pa.Schema, decode: bool) -> pa.Table:
     """The parts' rows, each part sorted by time and the parts in stream order, as one
-    table sorted by time (stable), dictionary columns decoded; the columns are gathered in
+    table sorted by time (stable), dictionary columns decoded unless not `decode` (those
+    that share their indices then share one indices array); the columns are gathered in
     threads (numpy and Arrow release the GIL), one per core."""
     times = np.concatenate([p.column(ROW_TIME).to_numpy() for p in parts])
     order = None if _ascending(times) else np.argsort(times, kind="stable")
     jobs: list[Callable[[], pa.Array]] = []
-    known: tuple[list[np.ndarray], list[int], np.ndarray] | None = None
+    fields = []
+    known: tuple[list[np.ndarray], list[int], pa.Array] | None = None
     for field in schema:
+        fields.append(field)
         arrays = [p.column(field.name).combine_chunks() for p in parts]
         if not all(pa.types.is_dictionary(a.type) for a in arrays):
             jobs.append(partial(_merged, arrays, order))
@@ -257,12 +272,16 @@ def _merged_rows(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
         indices = [a.indices.to_numpy() for a in arrays]
         sizes = [len(a.dictionary) for a in arrays]
         if known is None or sizes != known[1] or not _same(known[0], indices):
-            known = (indices, sizes, _global_indices(sizes, indices, order))
+            known = (indices, sizes, pa.array(_global_indices(sizes, indices, order)))
         values = pa.concat_arrays([a.dictionary for a in arrays])
-        jobs.append(partial(values.take, pa.array(known[2])))
+        if decode:
+            jobs.append(partial(values.take, known[2]))
+        else:
+            fields[-1] = field.with_type(pa.dictionary(known[2].type, field.type))
+            jobs.append(partial(pa.DictionaryArray.from_arrays, known[2], values))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         columns = list(pool.map(lambda job: job(), jobs))
-    return pa.Table.from_arrays(columns, schema=schema)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def _same(known: list[np.ndarray], indices: list[np.ndarray]) -> bool:

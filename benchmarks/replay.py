@@ -146,6 +146,8 @@ def bench_replay(samples: int, work: Path, repeat: int = 3) -> list[Figure]:
         print(f"  {repeat} runs each, alternately; the medians below. Each run:")
         print("    sluice " + "  ".join(f"{run[0]:.2f}" for run in runs) + " s")
         print("    peer   " + "  ".join(f"{p[0]:.2f}" for p in peers) + " s")
+        pairs = [p[0] / r[0] for r, p in zip(runs, peers, strict=True)]
+        print("    ratio  " + "  ".join(f"{x:.2f}" for x in pairs) + " (each pair: peer/sluice)")
     whole = started + first
     print(f"  Spark start-up (session)               {started:8.1f} s")
     print(

@@ -357,18 +357,35 @@ def _converted(kind: type, value: Any) -> Any:
     return _UNCONVERTIBLE
 
 
-def run_model(model: Model, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
-    """Call the model; its results as an Arrow table (no pandas index) and its metrics."""
+def takes_arrow(model: Model) -> bool:
+    """True when the model declares `takes_arrow = True`: it is handed the slice's rows as
+    a `pyarrow.Table` rather than a pandas DataFrame (`pipeline.models`)."""
+    return getattr(model.function, "takes_arrow", False) is True
+
+
+def run_model(model: Model, rows: pa.Table | pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
+    """Call the model on the rows: a pandas model gets a DataFrame (dictionary columns
+    decoded), an Arrow model (`takes_arrow`) the table, or the DataFrame it is given; one
+    that returns `NotImplemented` for a table is called again with its DataFrame. Returns
+    its results as an Arrow table (no pandas index, no schema metadata) and its metrics."""
     import pandas as pd
 
-    out = model.function(frame, **model.params)
+    from pipeline.spark.replay_reader import decoded
+
+    out = NotImplemented
+    if isinstance(rows, pa.Table) and takes_arrow(model):
+        out = model.function(rows, **model.params)
+    if out is NotImplemented:
+        frame = decoded(rows).to_pandas() if isinstance(rows, pa.Table) else rows
+        out = model.function(frame, **model.params)
     results, metrics = out if isinstance(out, tuple) else (out, {})
-    if not isinstance(results, pd.DataFrame) or not isinstance(metrics, dict):
+    if isinstance(results, pd.DataFrame):
+        results = pa.Table.from_pandas(results.reset_index(drop=True), preserve_index=False)
+    if not isinstance(results, pa.Table) or not isinstance(metrics, dict):
         got = f"{type(results).__name__}, {type(metrics).__name__}"
-        reason = f"must return a pandas DataFrame or (DataFrame, dict), not ({got})"
+        reason = f"must return a pandas DataFrame or pyarrow Table, or (that, dict), not ({got})"
         raise ModelError(model.spec, reason)
-    table = pa.Table.from_pandas(results.reset_index(drop=True), preserve_index=False)
-    return table.replace_schema_metadata(None), metrics
+    return results.replace_schema_metadata(None), metrics
 
 
 # --- reading the slice ----------------------------------------------------------------------
@@ -397,6 +414,8 @@ def read_slice(
     record: SliceRecord,
     plan: FlattenPlan,
     spool: Path | None = None,
+    *,
+    decode: bool = True,
 ) -> tuple[pa.Table, pa.Table, int]:
     """(rows of the sensor inside the time bounds, quarantined events, events between the
     cuts) of the slice, read, flattened and filtered in Spark tasks (`replay_reader`); with
@@ -404,9 +423,10 @@ def read_slice(
     files there rather than through Spark (`spool_directory`).
 
     Rows carry the flattened columns, the lineage columns, `_time_ns` and `_routing_key`,
-    sorted by (event time, segment, offset, sample). A slice of one routing key flattens
-    only that key's events (the others are counted, not read further). An empty slice is not
-    read at all (a bounded read of nothing has no partitions to plan)."""
+    sorted by (event time, segment, offset, sample); with `decode=False` the per-event
+    columns stay dictionary-encoded (what an Arrow model gets). A slice of one routing key
+    flattens only that key's events (the others are counted, not read further). An empty
+    slice is not read at all (a bounded read of nothing has no partitions to plan)."""
     from pipeline.spark.replay_reader import (
         CHUNK_ARROW,
         CHUNK_SCHEMA,
@@ -436,7 +456,7 @@ def read_slice(
     )
     reader = SliceReader(plan, bounds, str(spool) if spool is not None else None)
     chunks = ranges.mapInArrow(reader, CHUNK_SCHEMA).toArrow()
-    return slice_rows(chunks, plan)
+    return slice_rows(chunks, plan, decode=decode)
 
 
 #: Spool directories of replays killed before they removed them are removed after this long.
@@ -523,10 +543,13 @@ def replay(
     start_cut, end_cut = record.cuts
     step("read", start_cut.bytes_until(end_cut))
     with spool_directory(spark, home) as spool:
-        rows, quarantined, between = read_slice(spark, store.uri, record, plan, spool)
+        arrow = takes_arrow(model)
+        rows, quarantined, between = read_slice(
+            spark, store.uri, record, plan, spool, decode=not arrow
+        )
     check_readable(store, record)  # truncated while reading: the read may have missed data
     step("model", rows.num_rows)
-    results, model_metrics = run_model(model, rows.to_pandas())
+    results, model_metrics = run_model(model, rows)
     step("write", results.num_rows)
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.parquet"

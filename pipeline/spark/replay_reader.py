@@ -96,6 +96,8 @@ class SliceReader:
         events = _as_read_by_source(events, self.bounds)
         out = flatten(self.plan, events, dictionary=True)
         rows = _kept(self.bounds, _with_time_and_key(out.rows, out.time_ns, events))
+        if _time_is_column(self.plan, rows):
+            rows = rows.drop_columns([ROW_TIME])
         inline = path = None
         if rows.num_rows and self.spool is not None:
             path = str(Path(self.spool) / f"{segment}-{start}-{uuid.uuid4().hex}.arrows")
@@ -146,6 +148,16 @@ def _with_time_and_key(rows: pa.Table, time_ns: np.ndarray, events: Events) -> p
     return rows.append_column(pa.field(ROW_KEY, key.type), key)
 
 
+def _time_is_column(plan: FlattenPlan, rows: pa.Table) -> bool:
+    """Whether each row's event time is its value of the plan's time column (integer
+    nanoseconds, no nulls): a chunk then leaves `_time_ns` out and the driver takes that
+    column for it (fewer bytes to write, read and merge)."""
+    if plan.time is None or plan.time.ns_per_unit != 1:
+        return False
+    column = rows.column(plan.time.name)
+    return column.type == pa.int64() and column.null_count == 0
+
+
 def _kept(bounds: SliceBounds, rows: pa.Table) -> pa.Table:
     """The rows of the sensor inside the time bounds, sorted by event time (stable: among
     equal times they stay in stream order, offset and sample)."""
@@ -153,6 +165,8 @@ def _kept(bounds: SliceBounds, rows: pa.Table) -> pa.Table:
     keep = (times >= bounds.start_time_ns) & (times <= bounds.end_time_ns)
     if bounds.sensor is not None and not bounds.by_key:
         keep &= _sensor_by_columns(rows, bounds)
+    if keep.all() and _ascending(times):
+        return rows
     picked = np.flatnonzero(keep)
     kept = times[picked]
     order = picked if _ascending(kept) else picked[np.argsort(kept, kind="stable")]
@@ -214,13 +228,16 @@ def _values(column: pa.ChunkedArray) -> list[pa.Buffer | None]:
 # --- the driver -----------------------------------------------------------------------------
 
 
-def slice_rows(chunks: pa.Table, plan: FlattenPlan) -> tuple[pa.Table, pa.Table, int]:
+def slice_rows(
+    chunks: pa.Table, plan: FlattenPlan, *, decode: bool = True
+) -> tuple[pa.Table, pa.Table, int]:
     """(rows, quarantined events, events read) of the chunks the tasks returned.
 
     Rows have the columns of `flatten(plan, …)`, then `_time_ns` and `_routing_key`, sorted
     by (event time, segment, offset, sample); quarantined events are in (segment, offset)
     order. Each chunk's rows are sorted by time already and the chunks are put in stream
-    order, so one stable sort by time merges them."""
+    order, so one stable sort by time merges them. With `decode=False` the per-event
+    columns stay dictionary-encoded (the same values; `decoded` decodes them)."""
     where = chunks.select(["segment", "start"])
     order = pc.sort_indices(where, [("segment", "ascending"), ("start", "ascending")])
     inline, paths = _values(chunks.column("rows")), chunks.column("path").to_pylist()
@@ -237,18 +254,45 @@ def slice_rows(chunks: pa.Table, plan: FlattenPlan) -> tuple[pa.Table, pa.Table,
     schema = row_schema(plan)
     if not parts:
         return schema.empty_table(), quarantine, events
-    return _merged_rows(parts, schema), quarantine, events
+    time_column = plan.time.name if plan.time is not None else None
+    return _merged_rows(parts, schema, decode, time_column), quarantine, events
 
 
-def _merged_rows(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
+def decoded(rows: pa.Table) -> pa.Table:
+    """`rows` with its dictionary columns decoded to their values' type."""
+    for i, field in enumerate(rows.schema):
+        if pa.types.is_dictionary(field.type):
+            plain = field.with_type(field.type.value_type)
+            rows = rows.set_column(i, plain, rows.column(i).cast(plain.type))
+    return rows
+
+
+def _with_row_time(part: pa.Table, time_column: str | None) -> pa.Table:
+    """A part with `_time_ns`: a chunk left it out when it is `time_column`."""
+    if ROW_TIME in part.column_names or time_column is None:
+        return part
+    return part.append_column(pa.field(ROW_TIME, pa.int64()), part.column(time_column))
+
+
+def _merged_rows(
+    parts: list[pa.Table], schema: pa.Schema, decode: bool, time_column: str | None = None
+) -> pa.Table:
     """The parts' rows, each part sorted by time and the parts in stream order, as one
-    table sorted by time (stable), dictionary columns decoded; the columns are gathered in
-    threads (numpy and Arrow release the GIL), one per core."""
+    table sorted by time (stable), dictionary columns decoded unless not `decode` (those
+    that share their indices then share one indices array); the columns are gathered in
+    threads (numpy and Arrow release the GIL), one per core. When no part has `_time_ns`
+    (`_time_is_column`), it is the merged `time_column`."""
+    same_time = time_column is not None and all(ROW_TIME not in p.column_names for p in parts)
+    parts = [_with_row_time(p, time_column) for p in parts]
     times = np.concatenate([p.column(ROW_TIME).to_numpy() for p in parts])
     order = None if _ascending(times) else np.argsort(times, kind="stable")
     jobs: list[Callable[[], pa.Array]] = []
-    known: tuple[list[np.ndarray], list[int], np.ndarray] | None = None
+    fields = []
+    known: tuple[list[np.ndarray], list[int], pa.Array] | None = None
     for field in schema:
+        fields.append(field)
+        if same_time and field.name == ROW_TIME:
+            continue
         arrays = [p.column(field.name).combine_chunks() for p in parts]
         if not all(pa.types.is_dictionary(a.type) for a in arrays):
             jobs.append(partial(_merged, arrays, order))
@@ -257,12 +301,19 @@ def _merged_rows(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
         indices = [a.indices.to_numpy() for a in arrays]
         sizes = [len(a.dictionary) for a in arrays]
         if known is None or sizes != known[1] or not _same(known[0], indices):
-            known = (indices, sizes, _global_indices(sizes, indices, order))
+            known = (indices, sizes, pa.array(_global_indices(sizes, indices, order)))
         values = pa.concat_arrays([a.dictionary for a in arrays])
-        jobs.append(partial(values.take, pa.array(known[2])))
+        if decode:
+            jobs.append(partial(values.take, known[2]))
+        else:
+            fields[-1] = field.with_type(pa.dictionary(known[2].type, field.type))
+            jobs.append(partial(pa.DictionaryArray.from_arrays, known[2], values))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         columns = list(pool.map(lambda job: job(), jobs))
-    return pa.Table.from_arrays(columns, schema=schema)
+    if same_time:
+        names = [f.name for f in fields]
+        columns.insert(names.index(ROW_TIME), columns[names.index(str(time_column))])
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def _same(known: list[np.ndarray], indices: list[np.ndarray]) -> bool:

@@ -26,9 +26,14 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipeline.durable import fsync_path
 from pipeline.schemas import Events, FlattenPlan, flatten, flatten_plan
-from pipeline.spark.export_layout import EXTENSIONS, STAGING, FilesMessage, StagedFile
+from pipeline.spark.export_layout import (
+    EXTENSIONS,
+    STAGING,
+    FilesMessage,
+    StagedFile,
+    fsync_all,
+)
 from pipeline.spark.options import ExportOptions
 from pipeline.streams import open_store
 
@@ -119,8 +124,8 @@ class _TaskFiles:
         return opened
 
     def _close(self, current: _Open) -> None:
+        """Finish a file (fsynced later, with the task's others: `close`)."""
         current.writer.close()
-        fsync_path(current.path)
         del self.open[(current.kind, current.bucket)]
         self.done.append(
             StagedFile(
@@ -133,9 +138,10 @@ class _TaskFiles:
         )
 
     def close(self) -> tuple[StagedFile, ...]:
+        """Finish the open files; make every file and their names durable (fsyncs at once)."""
         for current in list(self.open.values()):
             self._close(current)
-        fsync_path(self.directory)
+        fsync_all([*(Path(f.staged) for f in self.done), self.directory])
         return tuple(self.done)
 
     def discard(self) -> None:

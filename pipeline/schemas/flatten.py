@@ -443,13 +443,15 @@ def _dictionary(values: pa.Array, parent: pa.Array) -> pa.DictionaryArray:
     distinct values: one entry when every event has the same (a sensor's name, a segment)."""
     encoded = values.dictionary_encode()
     distinct = len(encoded.dictionary)
+    # safe=False: the indices are in range by construction (event numbers, or the
+    # dictionary's own indices), so Arrow need not check each of them again
     if distinct == len(values):
-        return pa.DictionaryArray.from_arrays(parent, values)
+        return pa.DictionaryArray.from_arrays(parent, values, safe=False)
     if distinct == 1:
         indices = pa.array(np.zeros(len(parent), dtype=np.int32))
     else:
         indices = encoded.indices.take(parent)
-    return pa.DictionaryArray.from_arrays(indices, encoded.dictionary)
+    return pa.DictionaryArray.from_arrays(indices, encoded.dictionary, safe=False)
 
 
 def _sample_index(counts: np.ndarray) -> np.ndarray:

@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
-from pipeline.durable import fsync_path, make_dirs
 from pipeline.spark.errors import BatchConflict
-from pipeline.spark.export_layout import STAGING, FilesMessage, published_name
+from pipeline.spark.export_layout import STAGING, FilesMessage, fsync_all, published_name
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
 from pipeline.spark.options import ExportOptions
 
@@ -69,20 +68,39 @@ def _message_stats(messages: list[Any]) -> dict[str, Any]:
 
 
 def publish_files(output: Path, plan: BatchPlan, state: str, batch_id: int) -> dict[str, Any]:
-    """Rename every staged file of the plan into place (idempotent); return the batch's stats."""
-    directories: set[Path] = set()
+    """Rename every staged file of the plan into place (idempotent); return the batch's stats.
+
+    Every directory a file goes to is made durable before any file is renamed into it, and
+    every rename is durable before this returns; the fsyncs of each step go at once
+    (`fsync_all`), not one after the other."""
+    moves = []
     for item in plan["items"]:
         staged, final = Path(item["staged"]), output / item["final"]
         if staged.exists():
-            make_dirs(final.parent)  # date=…/hour=…, durable before a file is renamed in
-            os.replace(staged, final)
-            directories.add(final.parent)
+            moves.append((staged, final))
         elif not final.exists():
             reason = f"staged file {staged} is gone and {final} was never published"
             raise BatchConflict(state, batch_id, reason)
-    for directory in directories:
-        fsync_path(directory)
+    directories = list(dict.fromkeys(final.parent for _, final in moves))
+    make_all_dirs(directories)  # date=…/hour=…, durable before a file is renamed in
+    for staged, final in moves:
+        os.replace(staged, final)
+    fsync_all(directories)
     return plan["stats"]
+
+
+def make_all_dirs(directories: list[Path]) -> None:
+    """Each of `directories` and whichever of their parents are missing, each new
+    directory's name made durable (its parent fsynced, all the parents at once)."""
+    missing: dict[Path, None] = {}
+    for directory in directories:
+        path = directory
+        while path not in missing and not path.exists():
+            missing[path] = None
+            path = path.parent
+    for path in sorted(missing, key=lambda p: len(p.parts)):
+        path.mkdir(exist_ok=True)  # another process may create it at once
+    fsync_all(path.parent for path in missing)
 
 
 def commit_files(opts: ExportOptions, messages: list[Any], batch_id: int | None) -> dict:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import shutil
 import uuid
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -26,15 +28,22 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipeline.durable import fsync_path
-from pipeline.schemas import Events, FlattenPlan, flatten, flatten_plan
-from pipeline.spark.export_layout import EXTENSIONS, STAGING, FilesMessage, StagedFile
+from pipeline.schemas import Events, Flattened, FlattenPlan, flatten, flatten_plan
+from pipeline.spark.export_layout import (
+    EXTENSIONS,
+    STAGING,
+    FilesMessage,
+    StagedFile,
+    fsync_all,
+)
 from pipeline.spark.options import ExportOptions
 from pipeline.streams import open_store
 
 HOUR_NS = 3600 * 10**9
 CHUNK_EVENTS = 1024
 CHUNK_BYTES = 32 << 20
+#: flattened chunks a task's writer thread may have queued or under way (`_TaskFiles`)
+WRITES_AHEAD = 1
 
 
 def bucket_of(hour: int) -> str:
@@ -77,7 +86,13 @@ class _Open:
 
 @dataclass
 class _TaskFiles:
-    """The files one task writes, rolled at `max_rows` rows per file (executor side)."""
+    """The files one task writes, rolled at `max_rows` rows per file (executor side).
+
+    `write` hands a flattened chunk to one writer thread, which writes the chunks in the
+    order given while the task flattens the next one (pyarrow encodes and compresses without
+    the GIL): the two share the cores Spark leaves idle, such as when a batch has one task.
+    At most one chunk waits behind the one being written; a failed write raises in the task
+    at its next `write` or at `close`."""
 
     opts: ExportOptions
     plan: FlattenPlan
@@ -85,6 +100,19 @@ class _TaskFiles:
     open: dict[tuple[str, str], _Open] = field(default_factory=dict)
     done: list[StagedFile] = field(default_factory=list)
     counter: int = 0
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "export"))
+    pending: deque[Future] = field(default_factory=deque)
+
+    def write(self, result: Flattened) -> None:
+        """Queue a flattened chunk's rows and quarantined events (see the class doc)."""
+        while self.pending and (self.pending[0].done() or len(self.pending) >= WRITES_AHEAD):
+            self.pending.popleft().result()  # a failed write raises here
+        chunk = (result.rows, result.time_ns, result.quarantine)
+        self.pending.append(self.pool.submit(self._write_chunk, *chunk))
+
+    def _write_chunk(self, rows: pa.Table, time_ns: np.ndarray, quarantine: pa.Table) -> None:
+        self.write_rows(rows, time_ns)
+        self.write_quarantine(quarantine)
 
     def write_rows(self, rows: pa.Table, time_ns: np.ndarray) -> None:
         if rows.num_rows == 0:
@@ -119,8 +147,8 @@ class _TaskFiles:
         return opened
 
     def _close(self, current: _Open) -> None:
+        """Finish a file (fsynced later, with the task's others: `close`)."""
         current.writer.close()
-        fsync_path(current.path)
         del self.open[(current.kind, current.bucket)]
         self.done.append(
             StagedFile(
@@ -133,12 +161,21 @@ class _TaskFiles:
         )
 
     def close(self) -> tuple[StagedFile, ...]:
+        """Finish the open files; make every file and their names durable (fsyncs at once)."""
+        try:
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            self.pool.shutdown()
         for current in list(self.open.values()):
             self._close(current)
-        fsync_path(self.directory)
+        fsync_all([*(Path(f.staged) for f in self.done), self.directory])
         return tuple(self.done)
 
     def discard(self) -> None:
+        for queued in self.pending:
+            queued.cancel()
+        self.pool.shutdown()  # a write under way ends before its file is closed
         for current in self.open.values():
             with contextlib.suppress(Exception):
                 current.writer.close()
@@ -251,8 +288,7 @@ def export_task(opts: ExportOptions, batches: Iterator[pa.RecordBatch]) -> Files
     try:
         for events_chunk in event_chunks(batches):
             result = flatten(plan, events_chunk, dictionary=True)
-            files.write_rows(result.rows, result.time_ns)
-            files.write_quarantine(result.quarantine)
+            files.write(result)
             events += result.events
             rows += result.rows.num_rows
             quarantined += result.quarantine.num_rows

@@ -105,20 +105,24 @@ def test_a_counter_that_goes_away_is_reported_and_sampling_resumes(
         }
     )
     running = service(config)
-    time.sleep(0.5)
+
+    def values() -> list[int]:
+        return [v for p in read_payloads(store_dir, "examples/network") for v in p["RxBytes"]]
+
+    wait_for(lambda: len(values()) > 0)
     (stats / "rx_bytes").write_text("not a number\n")  # the interface went away
     time.sleep(1.0)
     (stats / "rx_bytes").write_text("250\n")
-    time.sleep(2.0)
+    wait_for(lambda: 250 in values())
     running.stop()
-    values = [v for p in read_payloads(store_dir, "examples/network") for v in p["RxBytes"]]
-    assert values[0] == 100 and values[-1] == 250
-    assert set(values) == {100, 250}  # no invented values while it was gone
+    assert values()[0] == 100 and values()[-1] == 250
+    assert set(values()) == {100, 250}  # no invented values while it was gone
     buffer = Buffer(config.instances[0].buffer_file, 10)
-    (source, message) = buffer.conn.execute(
-        "SELECT source, message FROM errors ORDER BY id LIMIT 1"
+    # (a loaded machine may also have logged the pacer falling behind: "nic.pace")
+    (message,) = buffer.conn.execute(
+        "SELECT message FROM errors WHERE source = 'nic.read' ORDER BY id LIMIT 1"
     ).fetchone()
-    assert source == "nic.read" and "cannot read the counters of wlan9" in message
+    assert "cannot read the counters of wlan9" in message
 
 
 def test_realtime_priority_is_used_or_refused_once_and_sampling_goes_on(

@@ -20,15 +20,12 @@
    - `store.read(stream, head, tail)`, the per-event API (an `Event` with its own payload
      bytes per event);
    - `store.read_batches(stream, head, tail)`, the batch API the Spark range tasks use (an
-     `EventBatch` per run of blocks, payloads as slices of its buffer: no copy per event),
-     as it ships (runs checked ahead by a second thread when the load average leaves half a
-     core idle), and with that second thread always, and never (what one core does);
+     `EventBatch` per run of blocks, payloads as slices of its buffer: no copy per event);
    - the floor of a checked read that returns each event as its own bytes: the plain file
      read in 1 MiB pieces, the block checksum over each, each event copied out, no per-event
      Python (the per-event API's ratio to the floor is what its Python costs);
    and `verify` (every stored block checked, nothing returned) over the same store. Best of
-   several rounds taken in turns, also in CPU time (steadier on a machine shared with others;
-   the second thread's time counts).
+   several rounds taken in turns, also in CPU time (steadier on a machine shared with others).
 
 Blocks are checksummed with CRC-32C (the `crc32c` package: SSE4.2 / ARMv8 CRC instructions);
 stores written before read their CRC-32 blocks as well. The first line of output says which
@@ -46,7 +43,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,7 +51,6 @@ from results import Figure, Recorder  # benchmarks/results.py, beside this scrip
 
 from pipeline.durable import fsync_dir
 from pipeline.streams import open_store
-from pipeline.streams.embedded import reading
 from pipeline.streams.embedded.blocks import checksum
 
 EVENT = 64 * 1024
@@ -258,16 +253,6 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
         def batches() -> int:
             return sum(batch.nbytes for batch in store.read_batches(STREAM, head, tail))
 
-        def checked_ahead(ahead: bool) -> Callable[[], int]:
-            def read() -> int:
-                reading.CHECK_AHEAD = ahead
-                try:
-                    return batches()
-                finally:
-                    reading.CHECK_AHEAD = None
-
-            return read
-
         def plain_file() -> int:
             total = 0
             for path in plain:
@@ -296,8 +281,6 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
             ("plain", plain_file),
             ("batches", batches),
             ("floor", floor),
-            ("two threads", checked_ahead(True)),
-            ("one thread", checked_ahead(False)),
         )
         for _ in range(rounds + 1):  # the first round warms the page cache
             for name, read in contenders:
@@ -329,8 +312,6 @@ def read_figures(wall: dict[str, float], cpu: dict[str, float], nbytes: int) -> 
         ("store.read (an Event per event)", "sluice", "plain", peer, ">= 0.80"),
         ("store.read (an Event per event)", "sluice", "floor", floor, ""),
         ("store.read_batches (Spark's)", "batches", "plain", peer, ">= 0.80"),
-        ("store.read_batches, a 2nd thread checking ahead", "two threads", "plain", peer, ""),
-        ("store.read_batches, all in one thread", "one thread", "plain", peer, ""),
     )
     figures = []
     for seconds, unit in ((wall, ""), (cpu, ", per CPU second")):

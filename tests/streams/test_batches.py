@@ -1,13 +1,12 @@
 """Batch reads (`read_batches`, `read_segment_batches`): the same events as `read`, checked the
-same way, their payloads slices of reused run buffers; and runs checked ahead by a second
-thread, which changes nothing about where a damaged read stops (issue 11)."""
+same way, their payloads slices of reused run buffers, and a damaged block stops the read
+where `read` stops."""
 
 from __future__ import annotations
 
 import os
 import random
 import re
-import threading
 from pathlib import Path
 
 import pytest
@@ -29,9 +28,8 @@ def batch_events(batches) -> list[Event]:
 
 @pytest.fixture
 def small_runs(monkeypatch):
-    """Runs of at most 4 KiB: a range of many runs, checked ahead by the second thread."""
+    """Runs of at most 4 KiB: a range of many runs."""
     monkeypatch.setattr(reading, "RUN_BYTES", 4096)
-    monkeypatch.setattr(reading, "CHECK_AHEAD", True)
 
 
 def fill(store) -> None:
@@ -129,7 +127,7 @@ def test_a_damaged_block_stops_the_read_after_the_blocks_before_it(
     assert as_tuples(got) == as_tuples(before)
 
 
-def test_an_error_in_the_helper_thread_is_raised_by_the_reader(store, small_runs, monkeypatch):
+def test_an_error_reading_a_later_run_is_raised_by_the_reader(store, small_runs, monkeypatch):
     fill(store)
     real = reading.check_run
     calls = {"n": 0}
@@ -155,36 +153,3 @@ def test_event_batch_of_events_read_one_by_one():
     assert list(batch.events()) == events
     assert batch.nbytes == 8 and len(batch) == 3
     assert bytes(batch.payload(2)) == b"three"
-
-
-def test_stopping_early_leaves_no_thread_behind(store, small_runs):
-    fill(store)
-    batches = store.read_batches(STREAM)
-    next(batches)
-    batches.close()
-    for thread in threading.enumerate():
-        if thread.name == "sluice-check":
-            thread.join(timeout=5)
-            assert not thread.is_alive()
-
-
-@pytest.mark.parametrize(("load", "threads"), [(0.2, True), (64.0, False)])
-def test_the_second_thread_runs_only_with_a_core_to_spare(
-    store, monkeypatch, load: float, threads: bool
-):
-    monkeypatch.setattr(reading, "RUN_BYTES", 4096)
-    monkeypatch.setattr(reading.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
-    monkeypatch.setattr(reading.os, "getloadavg", lambda: (load, load, load))
-    started = []
-    monkeypatch.setattr(reading.RunsAhead, "__init__", _spy(reading.RunsAhead.__init__, started))
-    fill(store)
-    assert as_tuples(batch_events(store.read_batches(STREAM))) == as_tuples(store.read(STREAM))
-    assert bool(started) is threads
-
-
-def _spy(init, calls: list):
-    def spied(self, *args):
-        calls.append(args)
-        init(self, *args)
-
-    return spied

@@ -5,10 +5,8 @@ frame must parse, or `BadBlock` is raised at that block, after the events of the
 it were delivered. A range is read in runs of contiguous blocks (up to `RUN_BYTES`), each run
 with one `pread` into a bytes object of its own and checked there; a block holding one large
 event has its payload read straight into the bytes returned and its checksum chained over the
-pieces. When a range spans several runs, a second thread reads and checks the next run while
-the caller consumes this one (`pread` and the checksum release the GIL), so on two cores the
-checksum costs little wall time. Runs are delivered in order, and a damaged block stops the
-read after the blocks before it. `read_events` copies each payload into its own bytes;
+pieces. Runs are delivered in order, and a damaged block stops the read after the blocks
+before it. `read_events` copies each payload into its own bytes;
 `read_batches` copies nothing: a batch's payloads are slices of its run's bytes.
 """
 
@@ -40,12 +38,6 @@ from pipeline.streams.embedded.segment import SegmentFile
 
 #: The most bytes of contiguous blocks read and checked at once (a larger block is read alone).
 RUN_BYTES = 1 << 20
-#: Check runs ahead in a second thread: always (True), never (False), or only when the machine
-#: has a core to spare (None: the 1-minute load average, this reader included, leaves at least
-#: half of one of the cores this process may use idle). On a busy machine the hand-offs cost
-#: more than the overlap wins (benchmarks/store.py measures both), and Spark already runs a
-#: task on every core.
-CHECK_AHEAD: bool | None = None
 #: A block of one event longer than this is read straight into the event's bytes.
 LARGE_EVENT = 16 << 10
 MAX_KEY = 1024
@@ -205,7 +197,7 @@ def plan_runs(rows: list[BlockRow]) -> list[list[BlockRow]]:
 
 
 def check_run(reader: BlockReader, rows: list[BlockRow]) -> CheckedRun:
-    """Read one run and check each of its blocks (safe in any thread: positional reads only)."""
+    """Read one run and check each of its blocks."""
     if len(rows) == 1 and _large_event(rows[0]):
         try:
             row, payload, frames = reader._large_event(rows[0])
@@ -229,93 +221,15 @@ def check_run(reader: BlockReader, rows: list[BlockRow]) -> CheckedRun:
 
 def checked_runs(reader: BlockReader, rows: list[BlockRow]) -> Iterator[CheckedRun]:
     """Each run of `rows` (contiguous), checked, in order; stops after the first run with
-    damage. With several runs a second thread checks runs ahead (see `RunsAhead`)."""
-    runs = plan_runs(rows)
-    if len(runs) < 2 or not _check_ahead():  # nothing to overlap, or no core to spare
-        for run in runs:
-            yield check_run(reader, run)
-        return
-    ahead = RunsAhead(reader, runs)
-    try:
-        for k in range(len(runs)):
-            checked = ahead.take(k)
-            damage = checked.damage
-            yield checked
-            del checked  # (the caller released it: its buffer serves a later run)
-            if damage is not None:
-                return
-    finally:
-        ahead.stop()
-
-
-def _check_ahead() -> bool:
-    if CHECK_AHEAD is not None:
-        return CHECK_AHEAD
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cores or 1) >= 2 and os.getloadavg()[0] <= (cores or 1) - 0.5
-
-
-class RunsAhead:
-    """Runs checked by two threads: a helper thread takes the next unclaimed run, at most
-    `DEPTH` past the one the caller is consuming; the caller checks a run itself when the helper
-    has not claimed it yet. `pread` and the checksum release the GIL, so the two overlap on two
-    cores, and the caller's own work on a run (copying payloads out) overlaps the helper's."""
-
-    DEPTH = 2
-
-    def __init__(self, reader: BlockReader, runs: list[list[BlockRow]]) -> None:
-        self.reader, self.runs = reader, runs
-        self.claimed = 0  # runs below this are being checked or done
-        self.consuming = 0
-        self.done: dict[int, CheckedRun | BaseException] = {}
-        self.stopped = False
-        self.cond = threading.Condition()
-        self.thread = threading.Thread(target=self._helper, name="sluice-check", daemon=True)
-        self.thread.start()
-
-    def take(self, k: int) -> CheckedRun:
-        """Run `k`, checked (by whichever thread claimed it)."""
-        with self.cond:
-            self.consuming = k
-            mine = self.claimed <= k
-            if mine:
-                self.claimed = k + 1
-            self.cond.notify_all()
-        if mine:
-            return check_run(self.reader, self.runs[k])
-        with self.cond:
-            while k not in self.done:
-                self.cond.wait()
-            checked = self.done.pop(k)
-        if isinstance(checked, BaseException):  # not damage: an error reading the file
-            raise checked
-        return checked
-
-    def stop(self) -> None:
-        with self.cond:
-            self.stopped = True
-            self.cond.notify_all()
-
-    def _helper(self) -> None:
-        while True:
-            with self.cond:
-                while (
-                    not self.stopped
-                    and self.claimed < len(self.runs)
-                    and (self.claimed > self.consuming + self.DEPTH)
-                ):
-                    self.cond.wait()
-                if self.stopped or self.claimed >= len(self.runs):
-                    return
-                k = self.claimed
-                self.claimed += 1
-            try:
-                checked: CheckedRun | BaseException = check_run(self.reader, self.runs[k])
-            except BaseException as exc:
-                checked = exc
-            with self.cond:
-                self.done[k] = checked
-                self.cond.notify_all()
+    damage. (A second thread checking runs ahead was measured slower, on an idle machine as on
+    a busy one: its hand-offs cost more than the overlap won.)"""
+    for run in plan_runs(rows):
+        checked = check_run(reader, run)
+        damage = checked.damage
+        yield checked
+        del checked  # (the caller released it: its buffer serves a later run)
+        if damage is not None:
+            return
 
 
 def _covering(rows: list[BlockRow], start: int, end: int) -> Iterator[list[BlockRow]]:

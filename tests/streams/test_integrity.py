@@ -388,11 +388,10 @@ def test_verify_and_repair_of_an_intact_store_report_nothing_and_show_progress(s
     assert str(Problem("v/s", 1, 40, "what")) == "v/s segment 1 offset 40: what"
 
 
-def test_a_version_1_store_is_adopted_and_can_then_lose_its_catalog(store_dir):
-    with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream("v1/s", segments=2)
-        written = write_blocks(store, "v1/s", blocks=3)
-    (store_dir / "store.json").unlink()  # what a version-1 store looks like
+def make_version_1(store_dir: Path) -> None:
+    """Turn a closed store into what a version-1 store looks like: no store.json, no
+    manifests, no store id, format 1 in the catalog."""
+    (store_dir / "store.json").unlink()
     for manifest in (store_dir / "data").glob("*/stream.json"):
         manifest.unlink()
     conn = sqlite3.connect(store_dir / "catalog.db")
@@ -400,6 +399,13 @@ def test_a_version_1_store_is_adopted_and_can_then_lose_its_catalog(store_dir):
     conn.execute("UPDATE meta SET value='1' WHERE key='format_version'")
     conn.commit()
     conn.close()
+
+
+def test_a_version_1_store_is_adopted_and_can_then_lose_its_catalog(store_dir):
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("v1/s", segments=2)
+        written = write_blocks(store, "v1/s", blocks=3)
+    make_version_1(store_dir)
     with open_store(f"embedded:{store_dir}") as store:
         assert payloads(store.read("v1/s")) == written
         assert store.verify().ok

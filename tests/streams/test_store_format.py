@@ -23,6 +23,7 @@ from pipeline.streams import open_store
 from pipeline.streams.embedded.catalog import FORMAT_VERSION
 from pipeline.streams.errors import StoreFormatTooNew
 from tests.streams.test_block_versions import FIXTURE, STREAM, as_rows, expected
+from tests.streams.test_integrity import make_version_1
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,14 +107,7 @@ def test_processes_opening_a_version_2_store_at_once_upgrade_it_once(v2_store: P
 def test_a_version_1_store_is_upgraded_to_version_3(store_dir: Path):
     with open_store(f"embedded:{store_dir}") as store:
         store.create_stream("v1/s")
-    (store_dir / "store.json").unlink()  # what a version-1 store looks like
-    for manifest in (store_dir / "data").glob("*/stream.json"):
-        manifest.unlink()
-    conn = sqlite3.connect(store_dir / "catalog.db")
-    conn.execute("DELETE FROM meta WHERE key='store_id'")
-    conn.execute("UPDATE meta SET value='1' WHERE key='format_version'")
-    conn.commit()
-    conn.close()
+    make_version_1(store_dir)
     with open_store(f"embedded:{store_dir}") as store:
         assert store.list_streams() == ["v1/s"]
     assert formats(store_dir) == ("3", 3)

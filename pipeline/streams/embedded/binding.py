@@ -43,8 +43,7 @@ def bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) -
     `head_block(stream_id)` gives the head-block function of one stream (for manifests
     written when a version-1 catalog is adopted).
     """
-    try:
-        refuse_newer_store_file(root)
+    try:  # (the engine refused a newer `store.json` before it opened the catalog)
         store_id = _bind(root, catalog, head_block)
         _upgrade(root, catalog, store_id)
     except StoreFormatTooNew:

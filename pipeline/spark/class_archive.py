@@ -8,8 +8,13 @@ it beside a JVM without).
 
 - **Where:** `$XDG_CACHE_HOME/sluice/spark-classes/<key>.jsa` (about 160 MB; `~/.cache` when
   `XDG_CACHE_HOME` is unset), one per Java and Spark install: `key` hashes the Java home
-  (its `release` file and `libjvm.so`), pyspark's version and Spark's jars. It is a cache:
-  deleting it costs one rebuild.
+  (its `release` file and `libjvm.so`), pyspark's version and Spark's jars with their sizes
+  and modification times. The JVM maps an archive only when every jar on the class path has
+  the size and time it had at the dump, and otherwise starts without it, silently; so a
+  reinstalled virtual environment (same jars, new times) gets a new key and a new archive
+  rather than a stale one that is never mapped. It is a cache: deleting it costs one
+  rebuild; a build removes the archives of other installs that no session used for
+  `UNUSED_DAYS` days (`<key>.used` is touched by every session that maps one).
 - **Built:** by the first local session that finds none, in the background (a detached,
   low-priority process, one per machine at a time: `<key>.lock`), so no job waits for it.
   The builder runs a small Spark job through `spark-submit` with `-XX:ArchiveClassesAtExit`
@@ -83,7 +88,8 @@ def install_key() -> str | None:
             digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
     jars = Path(pyspark.__file__).parent / "jars"
     for jar in sorted(jars.glob("*.jar")):
-        digest.update(f"{jar.name}:{jar.stat().st_size}\0".encode())
+        stat = jar.stat()  # what the JVM checks before it maps an archive
+        digest.update(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()[:16]
 
 
@@ -101,6 +107,7 @@ def with_archive(conf: Mapping[str, str], *, build: bool = True) -> dict[str, st
         if path is not None and path.exists():
             option = f"-XX:SharedArchiveFile={path} {QUIET}"
             out[DRIVER_OPTIONS] = f"{out.get(DRIVER_OPTIONS, '')} {option}".strip()
+            used_marker(path).touch()
         elif path is not None and build:
             start_build(path)
     except OSError as exc:  # an unwritable cache, a vanished Java: start without
@@ -123,6 +130,32 @@ def recently_failed(path: Path) -> bool:
         return time.time() - failed_marker(path).stat().st_mtime < RETRY_AFTER_SECONDS
     except FileNotFoundError:
         return False
+
+
+#: A build removes other installs' archives that no session mapped for this many days.
+UNUSED_DAYS = 7
+
+
+def used_marker(path: Path) -> Path:
+    return path.with_suffix(".used")
+
+
+def prune(path: Path, *, now: float | None = None) -> list[Path]:
+    """Remove the archives (and their lock, log and marks) of installs other than `path`'s
+    that no session mapped for `UNUSED_DAYS` days; returns the archives removed."""
+    cutoff = (time.time() if now is None else now) - UNUSED_DAYS * 86400
+    removed = []
+    for other in path.parent.glob("*.jsa"):
+        if other == path:
+            continue
+        marks = [used_marker(other), other]
+        last = max((m.stat().st_mtime for m in marks if m.exists()), default=0.0)
+        if last >= cutoff:
+            continue
+        for suffix in (".jsa", ".used", ".log", ".failed", ".lock"):
+            other.with_suffix(suffix).unlink(missing_ok=True)
+        removed.append(other)
+    return removed
 
 
 def start_build(path: Path) -> None:
@@ -188,6 +221,8 @@ def build(path: Path, *, wait: bool = False) -> bool:
                 return False
             os.replace(staging, path)
             failed_marker(path).unlink(missing_ok=True)
+            for gone in prune(path):
+                log.info("removed the unused archive of another install: %s", gone)
             return True
 
 

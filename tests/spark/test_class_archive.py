@@ -24,8 +24,10 @@ from pipeline.spark.class_archive import (
     archive_path,
     build,
     failed_marker,
+    prune,
     recently_failed,
     start_build,
+    used_marker,
     with_archive,
 )
 from pipeline.spark.session import SparkSettings
@@ -61,6 +63,38 @@ def test_the_key_names_the_java_and_spark_install(cache, tmp_path, monkeypatch):
     assert len({path, first, archive_path()}) == 3
 
 
+def test_a_reinstalled_spark_gets_another_archive(cache, tmp_path, monkeypatch):
+    """The JVM maps an archive only while every jar keeps the time it had at the dump: a
+    virtual environment installed again (same jars, new times) must not find the old one."""
+    import pyspark
+
+    jars = tmp_path / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    jar = jars / "spark-core.jar"
+    jar.write_bytes(b"classes")
+    monkeypatch.setattr(pyspark, "__file__", str(jars.parent / "__init__.py"))
+    first = archive_path()
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 10**9))
+    assert archive_path() != first
+
+
+def test_a_build_removes_other_installs_archives_unused_for_a_week(cache):
+    cache.mkdir(parents=True)
+    now = time.time()
+    mine, recent, used, old = (cache / f"{key}.jsa" for key in ("mine", "recent", "used", "old"))
+    week_ago = now - 8 * 86400
+    for archive in (mine, recent, used, old):
+        archive.write_bytes(b"an archive")
+        archive.with_suffix(".log").write_text("its log")
+        os.utime(archive, (week_ago, week_ago))
+    os.utime(recent, (now, now))
+    used_marker(used).touch()
+    assert prune(mine, now=now) == [old]
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        ["mine.jsa", "mine.log", "recent.jsa", "recent.log", "used.jsa", "used.log", "used.used"]
+    )
+
+
 def test_an_existing_archive_is_mapped_by_the_driver(cache):
     path = archive_path()
     assert path is not None
@@ -69,6 +103,7 @@ def test_an_existing_archive_is_mapped_by_the_driver(cache):
     conf = with_archive({DRIVER_OPTIONS: "-Dmine=1", "spark.master": "local[2]"})
     assert conf[DRIVER_OPTIONS] == f"-Dmine=1 -XX:SharedArchiveFile={path} {QUIET}"
     assert conf["spark.master"] == "local[2]"
+    assert used_marker(path).exists()  # a week without one and another install's build prunes it
 
 
 def test_a_cache_that_cannot_be_written_starts_spark_without(tmp_path, monkeypatch):

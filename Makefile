@@ -85,7 +85,10 @@ format: install
 
 # Dagster on the demo's instance ($SLUICE_HOME/dagster): its runs, pools and run queue.
 ui: install java
-	$(SPARK_UP); DAGSTER_HOME=$$($(PY) -m assets.instance) .venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+# The warm run worker (assets/run_worker.py) forks the runs; it stops with `dagster dev`.
+	$(SPARK_UP); export DAGSTER_HOME=$$($(PY) -m assets.instance); \
+	$(PY) -m assets.run_worker & worker=$$!; trap 'kill $$worker 2>/dev/null' EXIT INT TERM; \
+	.venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # Every benchmark, each writing its section of benchmarks/RESULTS.md (benchmarks/results.py).
 BENCHMARKS := store mirror export replay collectors join cluster

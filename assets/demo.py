@@ -15,6 +15,7 @@ and writes the summary (runs by launcher, ticks, checks, replays) as JSON for th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -44,6 +45,7 @@ from assets.keys import (
     nightly_schedule_name,
     replay_job_name,
 )
+from assets.run_worker import socket_path
 from assets.sensors import UNFINISHED, views_behind
 from pipeline.errors import SluiceError
 from pipeline.jobs.slices import list_slices
@@ -156,6 +158,36 @@ def daemon_running(env: Mapping[str, str], log: Path) -> Iterator[Daemon]:
         yield daemon
     finally:
         daemon.stop_group()
+
+
+@contextmanager
+def run_worker_running(env: Mapping[str, str], home: Path, log: Path) -> Iterator[None]:
+    """The warm run worker (`assets/run_worker.py`) in a process group of its own, stopped
+    with the runs it forked; when it does not start, runs launch through the code server."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "assets.run_worker", str(home)],
+            cwd=REPO,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 120.0
+    while not socket_path(home).exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not socket_path(home).exists():
+        print(f"dagster: no warm run worker (see {log}); runs start cold", file=sys.stderr)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def turn_on_automation(env: Mapping[str, str], log: Path, timeout: float = 600.0) -> None:
@@ -445,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     with sluice_instance(settings) as instance:
         demo = DemoAutomation(settings, instance, logs / "daemon.log")
         try:
-            with daemon_running(env, logs / "daemon.log") as daemon:
+            worker = run_worker_running(env, settings.dagster_home, logs / "run-worker.log")
+            with worker, daemon_running(env, logs / "daemon.log") as daemon:
                 turn_on_automation(env, logs / "automation.log")
                 print("dagster: sensors and schedules on", file=sys.stderr, flush=True)
                 wait_for(args.stopped, timeout=max(0.0, args.until - time.time()) + 120.0)

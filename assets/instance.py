@@ -114,9 +114,15 @@ def event_log_storage(home: Path) -> dict[str, Any]:
 def instance_config(max_concurrent_runs: int = 4, home: Path | None = None) -> dict[str, Any]:
     """The `dagster.yaml` of Sluice's instance (`home`: where its SQLite storage lives, for an
     instance on SQLite)."""
-    storage = {} if home is None else {"event_log_storage": event_log_storage(home)}
+    local = {}
+    if home is not None:
+        local = {
+            "event_log_storage": event_log_storage(home),
+            # runs forked by the warm run worker when one is running (`assets/run_worker.py`)
+            "run_launcher": {"module": "assets.run_worker", "class": "SluiceRunLauncher"},
+        }
     return {
-        **storage,
+        **local,
         "concurrency": {
             "pools": {"default_limit": 1, "granularity": "op"},
             "runs": {
@@ -136,7 +142,7 @@ def prepare_dagster_home(path: Path) -> Path:
     create the same databases."""
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
-    if not config.exists() or _written_before_pool_safe_storage(config):
+    if not config.exists() or _written_by_an_earlier_sluice(config):
         durable.write_text(config, yaml.safe_dump(instance_config(home=path), sort_keys=False))
     with dg.DagsterInstance.from_config(str(path)) as instance:
         instance.get_runs(limit=1)
@@ -145,9 +151,10 @@ def prepare_dagster_home(path: Path) -> Path:
     return path
 
 
-def _written_before_pool_safe_storage(config: Path) -> bool:
-    """Whether `config` is, unedited, the file an earlier Sluice wrote (the same limits, the
-    event log Dagster's own): it then gets the pool-safe event log, on the same files."""
+def _written_by_an_earlier_sluice(config: Path) -> bool:
+    """Whether `config` is, unedited, the file an earlier Sluice wrote (the same limits, with
+    Dagster's own event log and launcher): it then gets the pool-safe event log, on the same
+    files, and the launcher that uses the warm run worker."""
     try:
         return yaml.safe_load(config.read_text()) == instance_config()
     except (OSError, yaml.YAMLError):

@@ -55,7 +55,7 @@ def test_dagsters_own_sqlite_storage_gives_it_to_both(tmp_path):
         pytest.fail("Dagster's SQLite storage no longer races: the pool lock may be dropped")
 
 
-def test_an_unedited_older_instance_file_gets_the_pool_safe_storage(tmp_path):
+def test_an_unedited_older_instance_file_gets_sluices_storage_and_launcher(tmp_path):
     home = tmp_path / "dagster"
     home.mkdir()
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config()))  # as written before

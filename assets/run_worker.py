@@ -27,6 +27,7 @@ Dagster's `DefaultRunLauncher` launches them, through the code server.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -183,14 +184,16 @@ def serve(dagster_home: Path, server: socket.socket, log: Any) -> None:
         except InterruptedError:
             continue
         with conn:
+            if _peer_uid(conn) != os.getuid():
+                conn.sendall(b'{"error": "only the worker\'s own user may launch runs"}\n')
+                continue
+            conn.settimeout(5.0)  # a caller that never sends does not hold the worker
             try:
                 request = json.loads(conn.makefile("rb").readline(_REPLY_LIMIT))
                 run_id = str(request["run_id"])
             except (OSError, ValueError, KeyError, TypeError):
-                conn.sendall(b'{"error": "a request is one JSON line with a run_id"}\n')
-                continue
-            if _peer_uid(conn) != os.getuid():
-                conn.sendall(b'{"error": "only the worker\'s own user may launch runs"}\n')
+                with contextlib.suppress(OSError):
+                    conn.sendall(b'{"error": "a request is one JSON line with a run_id"}\n')
                 continue
             if not run_id:
                 conn.sendall(b'{"error": "no run id (a probe)"}\n')

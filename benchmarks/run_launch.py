@@ -67,17 +67,20 @@ class Contender:
         self.workspace = WorkspaceProcessContext(self.instance, target)
         self.worker = None
         if worker:
-            self.worker = subprocess.Popen(
-                [sys.executable, "-m", "assets.run_worker", str(self.dagster_home)],
-                cwd=ROOT,
-                env={**os.environ, **self.env},
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert self.worker.stdout is not None
-            if not self.worker.stdout.readline().startswith("run worker: ready"):
-                msg = "the run worker did not start"
-                raise SystemExit(msg)
+            log = home / "run-worker.log"
+            with log.open("ab") as out:
+                self.worker = subprocess.Popen(
+                    [sys.executable, "-m", "assets.run_worker", str(self.dagster_home)],
+                    cwd=ROOT,
+                    env={**os.environ, **self.env},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            while "ready at" not in log.read_text():
+                if self.worker.poll() is not None:
+                    msg = f"the run worker did not start: {log.read_text()}"
+                    raise SystemExit(msg)
+                time.sleep(0.1)
 
     def launch(self) -> tuple[float, float]:
         """Launch a catch-up run and wait for it: (seconds to its end, to its start)."""

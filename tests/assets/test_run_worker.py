@@ -38,18 +38,27 @@ def home(tmp_path) -> Path:
     return prepare_dagster_home(tmp_path / "dagster")
 
 
+def start_worker(home: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`python -m assets.run_worker`, once its socket is there."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "assets.run_worker", str(home)],
+            cwd=REPO,
+            env=dict(os.environ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 120
+    while "ready at" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    return proc
+
+
 @pytest.fixture
-def worker(home) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "assets.run_worker", str(home)],
-        cwd=REPO,
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def worker(home, tmp_path) -> Iterator[subprocess.Popen[bytes]]:
+    proc = start_worker(home, tmp_path / "worker.log")
     try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith("run worker: ready at"), "the worker did not start"
         yield proc
     finally:
         proc.terminate()
@@ -103,6 +112,23 @@ def test_without_a_worker_runs_go_through_the_code_server(settings, home):
     run = launch_and_wait(settings, home)
     assert run.status == dg.DagsterRunStatus.SUCCESS
     assert WORKER_PID_TAG not in run.tags and GRPC_INFO_TAG in run.tags
+
+
+def test_a_killed_worker_leaves_runs_to_the_code_server_and_a_new_one_takes_over(
+    settings, home, worker, tmp_path
+):
+    worker.kill()  # kill -9: its socket file stays behind
+    worker.wait()
+    assert socket_path(home).exists()
+    run = launch_and_wait(settings, home)
+    assert run.status == dg.DagsterRunStatus.SUCCESS and WORKER_PID_TAG not in run.tags
+    again = start_worker(home, tmp_path / "again.log")
+    try:
+        run = launch_and_wait(settings, home)
+        assert run.status == dg.DagsterRunStatus.SUCCESS and WORKER_PID_TAG in run.tags
+    finally:
+        again.terminate()
+        again.wait(timeout=30)
 
 
 def ask(path: Path, line: bytes) -> dict:

@@ -387,7 +387,7 @@ def _collect(
         start = start or first_start
         stats = _ledger_stats(ledger, batch_id)
         # A sink that reads the store itself (export) gets range rows: its ledger counts events.
-        events = int(stats.get("events", progress["numInputRows"]))
+        events = int(stats["events"]) if "events" in stats else _input_rows(progress)
         done = BatchReport(
             job=job,
             batch_id=batch_id,
@@ -401,6 +401,15 @@ def _collect(
         )
         seen[batch_id] = done
         report(done)
+
+
+def _input_rows(progress: Any) -> int:
+    """A batch's input rows. Spark Connect's progress leaves the total out (`null`): it is
+    then the sum of its sources' (as pyspark's own `numInputRows` property sums them)."""
+    total = progress["numInputRows"]
+    if total is None:
+        total = sum(int(source.get("numInputRows") or 0) for source in progress["sources"])
+    return int(total)
 
 
 def _cut(offset: Any) -> str | None:

@@ -48,7 +48,11 @@ _REPLY_LIMIT = 4096
 
 
 class RunWorkerUnavailable(OSError):
-    """No run worker answered for this instance."""
+    """No run worker took the run: none answered, or it refused."""
+
+
+class RunWorkerRefused(RunWorkerUnavailable):
+    """A run worker answered, and refused."""
 
 
 def socket_path(dagster_home: Path) -> Path:
@@ -71,7 +75,7 @@ def ask_for_run(path: Path, run_id: str, timeout: float = 10.0) -> int:
         raise RunWorkerUnavailable(msg) from exc
     if "pid" not in reply:
         msg = f"the run worker at {path} refused: {reply.get('error')}"
-        raise RunWorkerUnavailable(msg)
+        raise RunWorkerRefused(msg)
     return int(reply["pid"])
 
 
@@ -163,12 +167,12 @@ def listen(path: Path) -> socket.socket:
     path.parent.mkdir(mode=0o700, exist_ok=True)
     os.chmod(path.parent, 0o700)
     try:
-        ask_for_run(path, "", timeout=1.0)
-    except RunWorkerUnavailable as exc:
-        if "refused" in str(exc):  # a live worker answered
-            msg = f"run worker: one is already running at {path}"
-            raise SystemExit(msg) from None
-    path.unlink(missing_ok=True)  # a worker that died left it
+        ask_for_run(path, "", timeout=1.0)  # a probe: a live worker answers it with an error
+    except RunWorkerRefused:
+        msg = f"run worker: one is already running at {path}"
+        raise SystemExit(msg) from None
+    except RunWorkerUnavailable:
+        path.unlink(missing_ok=True)  # nobody listens: a worker that died left it
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(16)

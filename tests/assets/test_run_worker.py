@@ -99,6 +99,7 @@ def started_in(home: Path, run: dg.DagsterRun) -> int:
     raise AssertionError(msg)
 
 
+@pytest.mark.slow  # a code server and a run: 20 to 45 s
 def test_a_run_is_forked_by_the_worker(settings, home, worker):
     run = launch_and_wait(settings, home)
     assert run.status == dg.DagsterRunStatus.SUCCESS
@@ -107,6 +108,7 @@ def test_a_run_is_forked_by_the_worker(settings, home, worker):
     assert worker.poll() is None  # the worker goes on serving
 
 
+@pytest.mark.slow  # a code server and a run: 20 to 45 s
 def test_without_a_worker_runs_go_through_the_code_server(settings, home):
     assert not socket_path(home).exists()
     run = launch_and_wait(settings, home)
@@ -114,6 +116,7 @@ def test_without_a_worker_runs_go_through_the_code_server(settings, home):
     assert WORKER_PID_TAG not in run.tags and GRPC_INFO_TAG in run.tags
 
 
+@pytest.mark.slow  # a code server and a run: 20 to 45 s
 def test_a_killed_worker_leaves_runs_to_the_code_server_and_a_new_one_takes_over(
     settings, home, worker, tmp_path
 ):

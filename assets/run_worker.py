@@ -39,7 +39,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dagster import Field, StringSource
 from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
 
 #: the run tag that names the process a worker forked for the run
@@ -83,21 +82,7 @@ class SluiceRunLauncher(DefaultRunLauncher):
     """Dagster's default launcher, which hands each run to the instance's warm run worker
     when one is running (`python -m assets.run_worker`)."""
 
-    def __init__(self, inst_data: Any = None, socket: str | None = None) -> None:
-        super().__init__(inst_data=inst_data)
-        self._socket = socket
-
-    @classmethod
-    def config_type(cls) -> dict[str, Any]:
-        return {"socket": Field(StringSource, is_required=False)}
-
-    @classmethod
-    def from_config_value(cls, inst_data: Any, config_value: Any) -> SluiceRunLauncher:
-        return cls(inst_data=inst_data, socket=config_value.get("socket"))
-
     def _worker_socket(self) -> Path:
-        if self._socket:
-            return Path(self._socket)
         return socket_path(Path(self._instance.root_directory))
 
     def launch_run(self, context: LaunchRunContext) -> None:

@@ -45,7 +45,7 @@ from assets.keys import (
     nightly_schedule_name,
     replay_job_name,
 )
-from assets.run_worker import socket_path
+from assets.run_worker import socket_path, start_worker
 from assets.sensors import UNFINISHED, views_behind
 from pipeline.errors import SluiceError
 from pipeline.jobs.slices import list_slices
@@ -164,18 +164,7 @@ def daemon_running(env: Mapping[str, str], log: Path) -> Iterator[Daemon]:
 def run_worker_running(env: Mapping[str, str], home: Path, log: Path) -> Iterator[None]:
     """The warm run worker (`assets/run_worker.py`) in a process group of its own, stopped
     with the runs it forked; when it does not start, runs launch through the code server."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "assets.run_worker", str(home)],
-            cwd=REPO,
-            env=dict(env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 120.0
-    while not socket_path(home).exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    proc = start_worker(home, log, dict(env))
     if not socket_path(home).exists():
         print(f"dagster: no warm run worker (see {log}); runs start cold", file=sys.stderr)
     try:

@@ -34,8 +34,10 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,27 @@ class SluiceRunLauncher(DefaultRunLauncher):
         except ProcessLookupError:
             return False
         return True
+
+
+def start_worker(
+    dagster_home: Path, log: Path, env: dict[str, str] | None = None, timeout: float = 120.0
+) -> subprocess.Popen[bytes]:
+    """`python -m assets.run_worker` for the instance at `dagster_home` in a process group of
+    its own (stopping the group stops the runs it forked), logging to `log`; returned once its
+    socket is there, or once it has exited or `timeout` has passed (check `socket_path`)."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "assets.run_worker", str(dagster_home)],
+            cwd=Path(__file__).resolve().parents[1],
+            env=dict(os.environ if env is None else env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    path, deadline = socket_path(dagster_home), time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc
 
 
 # --- the worker ----------------------------------------------------------------------------

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,20 +66,13 @@ class Contender:
         self.workspace = WorkspaceProcessContext(self.instance, target)
         self.worker = None
         if worker:
+            from assets.run_worker import socket_path, start_worker
+
             log = home / "run-worker.log"
-            with log.open("ab") as out:
-                self.worker = subprocess.Popen(
-                    [sys.executable, "-m", "assets.run_worker", str(self.dagster_home)],
-                    cwd=ROOT,
-                    env={**os.environ, **self.env},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            while "ready at" not in log.read_text():
-                if self.worker.poll() is not None:
-                    msg = f"the run worker did not start: {log.read_text()}"
-                    raise SystemExit(msg)
-                time.sleep(0.1)
+            self.worker = start_worker(self.dagster_home, log, {**os.environ, **self.env})
+            if not socket_path(self.dagster_home).exists():
+                msg = f"the run worker did not start: {log.read_text()}"
+                raise SystemExit(msg)
 
     def launch(self) -> tuple[float, float]:
         """Launch a catch-up run and wait for it: (seconds to its end, to its start)."""

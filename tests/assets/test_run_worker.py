@@ -7,7 +7,6 @@ the job that refreshes the analysts' views (DuckDB, no Spark)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from dagster._core.workspace.load_target import WorkspaceFileTarget
 
 from assets.definitions import build_definitions
 from assets.instance import prepare_dagster_home
-from assets.run_worker import WORKER_PID_TAG, SluiceRunLauncher, socket_path
+from assets.run_worker import WORKER_PID_TAG, SluiceRunLauncher, socket_path, start_worker
 from tests.assets.conftest import REPO
 
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
@@ -38,26 +37,15 @@ def home(tmp_path) -> Path:
     return prepare_dagster_home(tmp_path / "dagster")
 
 
-def start_worker(home: Path, log: Path) -> subprocess.Popen[bytes]:
-    """`python -m assets.run_worker`, once its socket is there."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "assets.run_worker", str(home)],
-            cwd=REPO,
-            env=dict(os.environ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 120
-    while "ready at" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
+def started(home: Path, log: Path) -> subprocess.Popen[bytes]:
+    proc = start_worker(home, log)
+    assert socket_path(home).exists(), log.read_text()
     return proc
 
 
 @pytest.fixture
 def worker(home, tmp_path) -> Iterator[subprocess.Popen[bytes]]:
-    proc = start_worker(home, tmp_path / "worker.log")
+    proc = started(home, tmp_path / "worker.log")
     try:
         yield proc
     finally:
@@ -125,7 +113,7 @@ def test_a_killed_worker_leaves_runs_to_the_code_server_and_a_new_one_takes_over
     assert socket_path(home).exists()
     run = launch_and_wait(settings, home)
     assert run.status == dg.DagsterRunStatus.SUCCESS and WORKER_PID_TAG not in run.tags
-    again = start_worker(home, tmp_path / "again.log")
+    again = started(home, tmp_path / "again.log")
     try:
         run = launch_and_wait(settings, home)
         assert run.status == dg.DagsterRunStatus.SUCCESS and WORKER_PID_TAG in run.tags

@@ -13,10 +13,16 @@ PYTEST_ARGS ?=
 	.tools/bin/pip install --quiet uv
 
 .venv/.installed: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --extra platform
+	$(UV) sync --frozen --extra platform --compile-bytecode
 	touch $@
 
+# Bytecode compiled once, at install (`--compile-bytecode`) and for Sluice's own packages before
+# each command: where PYTHONDONTWRITEBYTECODE is set (this machine, many CI images) Python
+# writes no .pyc, and every process (each job's driver, each Spark Python worker and planner)
+# compiled every module it imports again: `import pandas` took 2.3 s instead of 0.75 s, and a
+# short `sluice run mirror` 36 s instead of 22 s. compileall skips what is up to date.
 install: .venv/.installed
+	@$(PY) -m compileall -q -j 0 pipeline collectors assets resources tests benchmarks >/dev/null
 
 # Spark needs Java 17+. Install it with apt-get when it is missing and we can; else say how.
 java:

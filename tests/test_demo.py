@@ -49,16 +49,33 @@ def test_collectors_of_sluice_toml_become_collector_variables(_sluice_home):
 @pytest.mark.slow
 @pytest.mark.spark
 def test_make_demo_short(_sluice_home):
+    """What `make demo DEMO_ARGS=--short` runs: the warm Spark (`sluice spark start`), the
+    demo attached to it, the warm Spark stopped."""
     env = {**os.environ, "SLUICE_HOME": str(_sluice_home)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline.demo", "--short"],
+    spark = [sys.executable, "-m", "pipeline.cli", "spark"]
+    started = subprocess.run(
+        [*spark, "start"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=1800,  # Dagster's automation: a run worker, step processes, Spark per step
+        timeout=600,
         check=False,
     )
+    assert started.returncode == 0, started.stderr
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.demo", "--short"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,  # Dagster's automation: the daemon, the run worker, the runs
+            check=False,
+        )
+    finally:
+        stopped = subprocess.run([*spark, "stop"], cwd=REPO, env=env, timeout=300, check=False)
+    assert stopped.returncode == 0
     out = done.stdout
     logs = _sluice_home / "demo"
     assert done.returncode == 0, f"{done.stderr}\n{out}\n" + "\n".join(

@@ -137,11 +137,16 @@ def test_jobs_attach_to_the_server_and_survive_its_kill(tmp_path, server):
     assert connect.ServerState.read(connect.state_path(home)).matches_this_process()
     assert os.stat(connect.state_path(home)).st_mode & 0o077 == 0, "the token is owner-only"
 
-    # 1. mirror and export through the server: the jobs attach (no JVM of their own)
+    # 1. mirror, export and bookmark through the server: the jobs attach (no JVM of their own)
     append(edge, 0, 40)
-    for argv in (job(edge, cloud, tmp_path), job(edge, cloud, tmp_path, export=True)):
+    bookmark = ["-v", "--store", cloud, "run", "bookmark", "--stream", "cloud/net"]
+    bookmark += ["--schema", "NetworkSamples", "--above", "RxBytes=-1"]
+    bookmark += ["--checkpoint", str(tmp_path / "ck-bookmark")]
+    for argv in (job(edge, cloud, tmp_path), job(edge, cloud, tmp_path, export=True), bookmark):
         life = run_to_completion(argv, env)
         assert "attaching to Spark Connect" in "".join(life.stderr), life.tail()
+    # Connect's progress has no total input rows: the bookmark's batch report sums its source's
+    assert "bookmark batch 0: 40 events" in "".join(life.stderr), life.tail()
     assert_mirrored_once(edge, cloud)
     assert exported_rows(tmp_path / "out") == (40 * 50, 40 * 50)
 

@@ -89,6 +89,8 @@ def _start(args: argparse.Namespace) -> int:
         env = connect.server_environment(token, args.host)
         print(f"sluice: Spark Connect on {args.host}:{port}", file=sys.stderr, flush=True)
         os.execve(command[0], command, env)
+    if missing := connect.without_bytecode():
+        print(f"sluice: warning: {connect.bytecode_advice(missing)}", file=sys.stderr)
     home = sluice_home()
     state = connect.start_server(home, conf, host=args.host, port=args.port)
     print(

@@ -1,0 +1,45 @@
+"""`sluice spark start` warns when the server's Python processes would compile their modules
+again in every process (no up-to-date `.pyc`): `connect.without_bytecode`."""
+
+from __future__ import annotations
+
+import importlib.util
+import py_compile
+import sys
+
+from pipeline.spark import connect
+
+
+def test_modules_without_up_to_date_bytecode_are_named_without_importing_them(
+    tmp_path, monkeypatch
+):
+    package = tmp_path / "noisy"
+    (package / "inner").mkdir(parents=True)
+    # importing would fail: the check must find the files, not import them
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "inner" / "__init__.py").write_text("")
+    module = package / "inner" / "work.py"
+    module.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("noisy.inner.work", "noisy", "no_such_module_here")
+
+    # where Python may write bytecode, the first process that imports a module writes it
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert connect.without_bytecode(names) == []
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # PYTHONDONTWRITEBYTECODE=1
+    assert connect.without_bytecode(names) == ["noisy.inner.work", "noisy"]
+
+    for source in (module, package / "__init__.py"):
+        py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))
+    assert connect.without_bytecode(names) == []
+
+    module.write_text("VALUE = 22\n")  # changed since it was compiled: stale
+    assert connect.without_bytecode(names) == ["noisy.inner.work"]
+
+
+def test_the_advice_names_the_modules_and_the_fix():
+    advice = connect.bytecode_advice(["pyspark.worker", "pandas"])
+    assert "pyspark.worker, pandas" in advice
+    assert "--compile-bytecode" in advice and "compileall" in advice
+    assert "connect back" in advice

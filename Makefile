@@ -20,9 +20,12 @@ PYTEST_ARGS ?=
 # each command: where PYTHONDONTWRITEBYTECODE is set (this machine, many CI images) Python
 # writes no .pyc, and every process (each job's driver, each Spark Python worker and planner)
 # compiled every module it imports again: `import pandas` took 2.3 s instead of 0.75 s, and a
-# short `sluice run mirror` 36 s instead of 22 s. compileall skips what is up to date.
+# short `sluice run mirror` 36 s instead of 22 s. compileall skips what is up to date. Spark's
+# Python processes import pyspark from pyspark.zip, which holds source only: zip_bytecode adds
+# the bytecode to it once (pipeline/spark/zip_bytecode.py).
 install: .venv/.installed
 	@$(PY) -m compileall -q -j 0 pipeline collectors assets resources tests benchmarks >/dev/null
+	@$(PY) -m pipeline.spark.zip_bytecode
 
 # Spark needs Java 17+. Install it with apt-get when it is missing and we can; else say how.
 java:

@@ -32,7 +32,8 @@ COPY pipeline ./pipeline
 COPY collectors ./collectors
 COPY assets ./assets
 COPY resources ./resources
-RUN uv sync --frozen --no-dev --extra platform --extra deploy
+RUN uv sync --frozen --no-dev --extra platform --extra deploy \
+ && .venv/bin/python -m pipeline.spark.zip_bytecode
 
 COPY docker/entrypoint.sh /usr/local/bin/sluice-entrypoint
 RUN mkdir -p /var/lib/sluice/home /opt/dagster \

@@ -359,8 +359,15 @@ def without_bytecode(modules: tuple[str, ...] = SERVER_PYTHON_MODULES) -> list[s
     10 s on a busy one ("Python worker failed to connect back"); `benchmarks/bytecode.py`."""
     import importlib.util
 
+    from pipeline.spark.zip_bytecode import has_bytecode, pyspark_zip
+
     missing = []
+    spark_zip = pyspark_zip()
+    if spark_zip is not None and not has_bytecode(spark_zip):
+        missing.append(str(spark_zip))  # what Spark's Python processes import pyspark from
     for name in modules:
+        if spark_zip is not None and name.split(".")[0] == "pyspark":
+            continue
         if (source := _source_file(name)) is None:
             continue
         cache = importlib.util.cache_from_source(source)
@@ -411,7 +418,7 @@ def bytecode_advice(missing: list[str]) -> str:
     return (
         f"no compiled bytecode for {', '.join(missing)}: each Python process the server starts "
         "compiles them again, and one that needs over 10 s fails with 'Python worker failed "
-        "to connect back'. Compile them once: `uv sync --compile-bytecode` (what `make "
-        f"install` does) or `{sys.executable} -m compileall -q <site-packages> <sluice "
-        "checkout>`"
+        "to connect back'. Compile them once, as `make install` does: `uv sync "
+        f"--compile-bytecode` (or `{sys.executable} -m compileall -q <site-packages> <sluice "
+        f"checkout>`) and `{sys.executable} -m pipeline.spark.zip_bytecode` (pyspark.zip)"
     )

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib.util
 import py_compile
 import sys
+import zipfile
 
 from pipeline.spark import connect
+from pipeline.spark.zip_bytecode import add_bytecode
 
 
 def test_modules_without_up_to_date_bytecode_are_named_without_importing_them(
@@ -21,6 +23,7 @@ def test_modules_without_up_to_date_bytecode_are_named_without_importing_them(
     module = package / "inner" / "work.py"
     module.write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))  # a Spark home without a pyspark.zip
     names = ("noisy.inner.work", "noisy", "no_such_module_here")
 
     # where Python may write bytecode, the first process that imports a module writes it
@@ -43,3 +46,14 @@ def test_the_advice_names_the_modules_and_the_fix():
     assert "pyspark.worker, pandas" in advice
     assert "--compile-bytecode" in advice and "compileall" in advice
     assert "connect back" in advice
+
+
+def test_a_pyspark_zip_without_bytecode_is_named(tmp_path, monkeypatch):
+    lib = tmp_path / "python" / "lib"
+    lib.mkdir(parents=True)
+    with zipfile.ZipFile(lib / "pyspark.zip", "w") as archive:
+        archive.writestr("pyspark/__init__.py", "")
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    assert connect.without_bytecode(()) == [str(lib / "pyspark.zip")]
+    add_bytecode(lib / "pyspark.zip")
+    assert connect.without_bytecode(()) == []

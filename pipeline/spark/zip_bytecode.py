@@ -42,8 +42,12 @@ def pyspark_zip() -> Path | None:
 
 
 def has_bytecode(path: Path) -> bool:
-    with zipfile.ZipFile(path) as archive:
-        return MARKER in archive.namelist()
+    """Does the zip hold Sluice's bytecode? False for one that is not a readable zip."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return MARKER in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def _pyc(source: bytes, name: str) -> bytes:
@@ -99,7 +103,8 @@ def main() -> int:
         return 0
     try:
         compiled = add_bytecode(path)
-    except OSError as exc:  # a read-only install: Spark's Python processes compile as before
+    except (OSError, zipfile.BadZipFile) as exc:  # a read-only install, a damaged zip: Spark's
+        # Python processes compile as before (and a damaged zip fails in Spark on its own)
         print(f"could not add bytecode to {path}: {exc}", file=sys.stderr)
         return 0
     if compiled:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import zipfile
 
-from pipeline.spark.zip_bytecode import add_bytecode, has_bytecode
+from pipeline.spark.zip_bytecode import add_bytecode, has_bytecode, main
 
 
 def make_zip(path):
@@ -57,3 +57,14 @@ def test_the_zip_is_replaced_never_rewritten_in_place(tmp_path):
     assert cached.read_bytes() == original
     assert not has_bytecode(cached) and has_bytecode(spark_zip)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".pyspark-")] == []
+
+
+def test_a_damaged_zip_is_reported_not_a_traceback(tmp_path, monkeypatch, capsys):
+    lib = tmp_path / "python" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "pyspark.zip").write_bytes(b"not a zip at all")
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    assert not has_bytecode(lib / "pyspark.zip")
+    assert main() == 0
+    assert "could not add bytecode" in capsys.readouterr().err
+    assert (lib / "pyspark.zip").read_bytes() == b"not a zip at all"

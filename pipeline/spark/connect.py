@@ -351,12 +351,12 @@ SERVER_PYTHON_MODULES = (
 
 
 def without_bytecode(modules: tuple[str, ...] = SERVER_PYTHON_MODULES) -> list[str]:
-    """The modules among `modules` that have no up-to-date compiled bytecode where this
-    Python looks for it, and that no Python process will write it for
-    (PYTHONDONTWRITEBYTECODE, a read-only install). Every new Python process compiles those
-    again: the server's
-    `foreachBatch` process then took 6 s to start on an idle 2-core machine and over Spark's
-    10 s on a busy one ("Python worker failed to connect back"); `benchmarks/bytecode.py`."""
+    """Spark's `pyspark.zip` if it holds no bytecode, and the modules among `modules` that
+    have no up-to-date compiled bytecode where this Python looks for it and that no Python
+    process will write it for (PYTHONDONTWRITEBYTECODE, a read-only install). Every new
+    Python process compiles those again: the server's `foreachBatch` process then took 4 to 6 s
+    to start on an idle 2-core machine and over Spark's 10 s on a busy one ("Python worker
+    failed to connect back"); `benchmarks/bytecode.py`."""
     import importlib.util
 
     from pipeline.spark.zip_bytecode import has_bytecode, pyspark_zip

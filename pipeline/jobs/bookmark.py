@@ -231,18 +231,29 @@ class Bookmarker:
     """Applies the conditions to batches of events, in stream order, updating `state`."""
 
     def __init__(self, spec: BookmarkSpec, plan: FlattenPlan, state: BookmarkState) -> None:
+        from pipeline.schemas.sensors import sensor_columns
+
         check_conditions(spec)
         self.spec, self.plan, self.state = spec, plan, state
-        self.columns = [c.strip() for c in spec.sensor_by.split(",")]
+        self.columns = sensor_columns(spec.sensor_by)
         self.predicates = {
             c.predicate: _predicate(c.predicate) for c in spec.conditions if c.kind == "predicate"
         }
 
     def _frame(self, events: pa.Table) -> pd.DataFrame:
         from pipeline.schemas import Events, flatten
+        from pipeline.schemas.sensors import sensor_names
 
         batch = Events.from_arrow(events)
         out = flatten(self.plan, batch)
+        sensors = None
+        if self.spec.sensor_by != "routing_key":
+            missing = [c for c in self.columns if c not in out.rows.column_names]
+            if missing:
+                msg = "--sensor-by"
+                raise BookmarkError(msg, f"no column {', '.join(missing)} in the rows")
+            # a row with a null among them has no sensor (None): no slice, and no replay, has it
+            sensors = sensor_names(out.rows, self.spec.sensor_by).to_numpy(zero_copy_only=False)
         frame = out.rows.to_pandas()
         frame["_time_ns"] = out.time_ns
         keys = dict(
@@ -251,14 +262,7 @@ class Bookmarker:
         frame["_routing_key"] = [
             keys[k] for k in zip(frame["_segment"], frame["_offset"], strict=True)
         ]
-        if self.spec.sensor_by == "routing_key":
-            frame["_sensor"] = frame["_routing_key"]
-        else:
-            missing = [c for c in self.columns if c not in frame.columns]
-            if missing:
-                msg = "--sensor-by"
-                raise BookmarkError(msg, f"no column {', '.join(missing)} in the rows")
-            frame["_sensor"] = frame[self.columns].astype(str).agg("/".join, axis=1)
+        frame["_sensor"] = frame["_routing_key"] if sensors is None else sensors
         return frame
 
     def _burst(self, frame: pd.DataFrame, mbps: float) -> np.ndarray:

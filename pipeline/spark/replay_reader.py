@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.schemas import Events, FlattenPlan, flatten
+from pipeline.schemas.sensors import sensor_names
 
 ROW_TIME, ROW_KEY = "_time_ns", "_routing_key"
 CHUNK_SCHEMA = "segment int, start long, events long, rows binary, path string, quarantine binary"
@@ -177,15 +178,9 @@ def _kept(bounds: SliceBounds, rows: pa.Table) -> pa.Table:
 
 def _sensor_by_columns(rows: pa.Table, bounds: SliceBounds) -> np.ndarray:
     """Rows whose `sensor_by` columns, as text joined with `/`, are the sensor (a null is
-    not)."""
-    parts = []
-    for name in (c.strip() for c in str(bounds.sensor_by).split(",")):
-        column = rows.column(name).combine_chunks()
-        if pa.types.is_dictionary(column.type):
-            column = column.dictionary_decode()
-        parts.append(pc.cast(column, pa.string()))
-    joined = pc.binary_join_element_wise(*parts, "/")
-    return pc.equal(joined, bounds.sensor).fill_null(False).to_numpy(zero_copy_only=False)
+    not): named as the bookmark job names them (`sensor_names`)."""
+    names = sensor_names(rows, str(bounds.sensor_by))
+    return pc.equal(names, bounds.sensor).fill_null(False).to_numpy(zero_copy_only=False)
 
 
 def _ipc(table: pa.Table) -> pa.Buffer:

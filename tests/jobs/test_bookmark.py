@@ -34,6 +34,11 @@ def early_rx(frame):
 
 
 def events_table(store, start=None, end=None) -> pa.Table:
+    return source_rows(store.read(STREAM, start, end))
+
+
+def source_rows(events) -> pa.Table:
+    """Events as the `sluice` source's rows, as a bookmark batch gets them."""
     rows = [
         {
             "stream": e.stream,
@@ -44,7 +49,7 @@ def events_table(store, start=None, end=None) -> pa.Table:
             "payload": e.payload,
             "ingest_time": e.ingest_time_ns,
         }
-        for e in store.read(STREAM, start, end)
+        for e in events
     ]
     return pa.Table.from_pylist(rows)
 

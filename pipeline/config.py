@@ -40,6 +40,8 @@ VARIABLES: dict[str, str] = {
     "SLUICE_SPARK_UI": "true: start the Spark UI",
     "SLUICE_SPARK_REMOTE": "auto, local or an sc:// URL: the Spark Connect server jobs attach to",
     "SLUICE_SPARK_CLASS_ARCHIVE": "false: local JVMs start without the archive of Spark's classes",
+    "SLUICE_SPARK_SERVER_MAX_DAEMONS": "restart the Spark Connect server past this many Python "
+    "daemons",
     "SLUICE_PRAVEGA_USER": "Pravega user",
     "SLUICE_PRAVEGA_PASSWORD_FILE": "a file holding the Pravega password",
     "SLUICE_PRAVEGA_PASSWORD": "the Pravega password (prefer the _FILE variable)",

@@ -90,6 +90,10 @@ _DESCRIPTIONS: dict[str, str] = {
     "spark.class_archive": "map the archive of Spark's classes, built in the background under "
     "~/.cache/sluice/spark-classes when missing, so local JVMs start sooner "
     "(SLUICE_SPARK_CLASS_ARCHIVE; default true)",
+    "spark.server_max_daemons": "a job attaching to `sluice spark start`'s server restarts it "
+    "first when it holds more Python worker daemons than this (Spark never stops them: 10 to "
+    "20, about 50 MB each, per catch-up run) and no client is attached "
+    "(SLUICE_SPARK_SERVER_MAX_DAEMONS; default 40)",
     "spark.conf": 'any Spark configuration: [spark.conf] "spark.executor.memory" = "2g"',
     "collectors": "the demo's collector instances ([collectors.NAME], as a collector.toml's)",
     "collector.store": "the default store of every instance",
@@ -284,7 +288,10 @@ def _spark_settings() -> list[Setting]:
             kind, text = "table", "empty"
         else:
             kind = _type_name(type(default))
-            text = str(default).lower() if isinstance(default, bool) else f'"{default}"'
+            if isinstance(default, bool):
+                text = str(default).lower()
+            else:
+                text = str(default) if isinstance(default, int) else f'"{default}"'
         key = f"spark.{field.name}"
         rows.append(Setting(key, kind, text, _DESCRIPTIONS.get(key, "—")))
     return rows

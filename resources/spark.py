@@ -34,6 +34,8 @@ class SparkResource(dg.ConfigurableResource):
     remote: str = "auto"
     #: map the archive of Spark's classes (built in the background when missing)
     class_archive: bool = True
+    #: restart `sluice spark start`'s server past this many Python daemons (none attached)
+    server_max_daemons: int = 40
 
     _session: SparkSession | None = PrivateAttr(default=None)
 
@@ -48,6 +50,7 @@ class SparkResource(dg.ConfigurableResource):
             conf=dict(settings.conf),
             remote=settings.remote,
             class_archive=settings.class_archive,
+            server_max_daemons=settings.server_max_daemons,
         )
 
     def settings(self) -> SparkSettings:
@@ -60,6 +63,7 @@ class SparkResource(dg.ConfigurableResource):
             conf=tuple(sorted(self.conf.items())),
             remote=self.remote,
             class_archive=self.class_archive,
+            server_max_daemons=self.server_max_daemons,
         )
 
     @property

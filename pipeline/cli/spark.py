@@ -61,12 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _settings():
     from pipeline.config import load_config
-    from pipeline.spark.class_archive import with_archive
-    from pipeline.spark.session import SparkSettings, spark_conf
+    from pipeline.spark.session import SparkSettings, server_session_conf
 
-    settings = SparkSettings.from_config(load_config())
-    conf = spark_conf(settings)
-    return with_archive(conf) if settings.class_archive else conf
+    return server_session_conf(SparkSettings.from_config(load_config()))
 
 
 def _public(state) -> dict:

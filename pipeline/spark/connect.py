@@ -13,7 +13,9 @@ command line; why and how: `DESIGN.md`, "A warm Spark".
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import logging
 import os
 import re
 import secrets
@@ -31,9 +33,15 @@ from typing import Literal
 from pipeline import durable
 from pipeline.errors import SluiceError
 
+log = logging.getLogger(__name__)
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 STATE_VERSION = 1
 DEFAULT_PORT = 15002  # Spark Connect's own default
+#: A server holding more Python daemons than this is restarted by the next attach that finds
+#: no client on it: Spark 4.3 never stops one (10 to 20 a catch-up run, about 50 MB each;
+#: `DESIGN.md`, "Where a catch-up's time goes").
+MAX_DAEMONS = 40
 
 
 def code_root() -> Path:
@@ -325,6 +333,51 @@ def python_daemons(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue
     return count
+
+
+def attached_clients(port: int) -> int:
+    """Established TCP connections to `port` on this machine: a Connect client holds one for
+    as long as its session is open."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            established = len(fields) > 3 and fields[3] == "01"
+            if established and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+def recycle_server(
+    home: Path, session_conf: Mapping[str, str], max_daemons: int = MAX_DAEMONS
+) -> ServerState | None:
+    """The server of `home` to attach to (None: none runs), restarted first (same address,
+    and the same port when it is free again) if it holds more than `max_daemons` Python
+    daemons and no client is attached. One process restarts it at a time; the others wait
+    for it and attach to the new one."""
+    state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
+    with (state_dir(home) / "recycle.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = running_server(home)
+        if state is None or attached_clients(state.port):
+            return state
+        held = python_daemons(state.pid)
+        if held <= max_daemons:
+            return state
+        log.info(
+            "restarting the Spark Connect server: it holds %d Python daemons (Spark never "
+            "stops them) and no client is attached",
+            held,
+        )
+        stop_server(home)
+        try:
+            return start_server(home, session_conf, host=state.host, port=state.port)
+        except ServerError:  # the port is not free again yet: any port will do for Sluice
+            return start_server(home, session_conf, host=state.host)
 
 
 ServerStatus = Literal["running", "stopped", "stale"]

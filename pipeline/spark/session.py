@@ -26,6 +26,8 @@ from pipeline.errors import SluiceError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pipeline.spark.connect import ServerState
+
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ class SparkSettings:
     #: map (and, when missing, build in the background) the archive of Spark's classes that
     #: starts a local JVM sooner (`pipeline/spark/class_archive.py`)
     class_archive: bool = True
+    #: an attach restarts `sluice spark start`'s server once it holds more Python daemons
+    #: than this and no client is on it (`connect.recycle_server`)
+    server_max_daemons: int = 40
 
     def __post_init__(self) -> None:
         if self.remote not in (AUTO, LOCAL) and not self.remote.startswith("sc://"):
@@ -96,6 +101,12 @@ class SparkSettings:
             class_archive=_truthy(
                 env.get("SLUICE_SPARK_CLASS_ARCHIVE", table.get("class_archive", True))
             ),
+            server_max_daemons=_count(
+                env.get("SLUICE_SPARK_SERVER_MAX_DAEMONS")
+                or table.get("server_max_daemons", base.server_max_daemons),
+                "spark.server_max_daemons (SLUICE_SPARK_SERVER_MAX_DAEMONS)",
+                source,
+            ),
         )
 
 
@@ -118,6 +129,21 @@ def check_keys(table: Mapping, source: Path | None) -> None:
     if not isinstance(table.get("conf", {}), Mapping):
         problem = 'spark.conf is a table: [spark.conf] "spark.executor.memory" = "2g"'
         raise SettingsError(where, problem)
+
+
+def _count(value: object, name: str, source: Path | None) -> int:
+    """A whole number, 0 or more, or a `SettingsError` naming the setting."""
+    from pipeline.config import config_path
+    from pipeline.settings import SettingsError
+
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        count = -1
+    if count < 0:
+        problem = f"{name} is {value!r}: expected a whole number, 0 or more"
+        raise SettingsError(str(source or config_path()), problem)
+    return count
 
 
 def _truthy(value: object) -> bool:
@@ -200,7 +226,33 @@ def remote_url(settings: SparkSettings) -> str | None:
             code_root(),
         )
         return None
-    return server.url
+    server = _recycled(server, settings)
+    return None if server is None else server.url
+
+
+def _recycled(server: ServerState, settings: SparkSettings) -> ServerState | None:
+    """The server to attach to, restarted first if it holds too many Python daemons and no
+    client is on it (`connect.recycle_server`); None (a local session) if it stopped."""
+    from pipeline.config import sluice_home
+    from pipeline.spark.connect import ServerError, recycle_server, running_server
+
+    home = sluice_home()
+    try:
+        return recycle_server(home, server_session_conf(settings), settings.server_max_daemons)
+    except (OSError, ServerError) as exc:
+        log.warning("could not restart the Spark Connect server: %s", exc)
+        return running_server(home)
+
+
+def server_session_conf(settings: SparkSettings) -> dict[str, str]:
+    """The configuration `sluice spark start` gives the server's sessions: a local session's,
+    with the archive of Spark's classes unless turned off."""
+    conf = spark_conf(settings)
+    if settings.class_archive:
+        from pipeline.spark.class_archive import with_archive
+
+        conf = with_archive(conf)
+    return conf
 
 
 def attach(url: str) -> SparkSession:

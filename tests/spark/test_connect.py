@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from dataclasses import asdict
 
 import duckdb
 import pytest
 
+from pipeline.settings import SettingsError
 from pipeline.spark import connect
 from pipeline.spark.session import RemoteSettingError, SparkSettings, remote_url, spark_conf
 from pipeline.streams import open_store
@@ -35,6 +37,30 @@ def test_remote_setting_is_auto_local_or_a_url():
     )
     with pytest.raises(RemoteSettingError, match="expected `auto`"):
         SparkSettings(remote="spark://127.0.0.1:7077")
+
+
+def test_server_max_daemons_setting():
+    assert SparkSettings.from_config({}, environ={}).server_max_daemons == 40
+    table = {"spark": {"server_max_daemons": 7}}
+    assert SparkSettings.from_config(table, environ={}).server_max_daemons == 7
+    env = {"SLUICE_SPARK_SERVER_MAX_DAEMONS": "0"}
+    assert SparkSettings.from_config(table, environ=env).server_max_daemons == 0
+    for bad in ("many", "-1", "2.5"):
+        env = {"SLUICE_SPARK_SERVER_MAX_DAEMONS": bad}
+        with pytest.raises(SettingsError, match="expected a whole number, 0 or more"):
+            SparkSettings.from_config({}, environ=env)
+
+
+def test_attached_clients_counts_the_connections_to_a_port():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert connect.attached_clients(port) == 0
+        with socket.create_connection(("127.0.0.1", port)):
+            peer, _ = listener.accept()
+            with peer:
+                assert connect.attached_clients(port) == 1
+                assert connect.attached_clients(port + 1 if port < 65535 else port - 1) == 0
+        assert connect.attached_clients(port) == 0
 
 
 def test_no_server_means_a_local_session(tmp_path, monkeypatch):
@@ -150,10 +176,25 @@ def test_jobs_attach_to_the_server_and_survive_its_kill(tmp_path, server):
     assert_mirrored_once(edge, cloud)
     assert exported_rows(tmp_path / "out") == (40 * 50, 40 * 50)
 
-    # 2. kill -9 the server (JVM and Python workers) once the mirror has committed a batch
+    # the jobs left Python daemons behind (Spark never stops them); a server holding too
+    # many is restarted, but never under a client
+    conf = spark_conf(SparkSettings(master="local[2]", app_name="test-connect"))
+    held = connect.python_daemons(state.pid)
+    assert held > 0
+    assert connect.recycle_server(home, conf, max_daemons=held).pid == state.pid
+    with socket.create_connection((state.host, state.port)):
+        assert connect.recycle_server(home, conf, max_daemons=0).pid == state.pid
+
+    # 2. kill -9 the server (JVM and Python workers) once the mirror has committed a batch;
+    #    the mirror restarts the server first, as every attach does past the daemon limit
     append(edge, 40, 120)
-    life = start(job(edge, cloud, tmp_path, max_events=20), env)
+    recycling = {**env, "SLUICE_SPARK_SERVER_MAX_DAEMONS": str(held - 1)}
+    life = start(job(edge, cloud, tmp_path, max_events=20), recycling)
     assert life.first_batch.wait(timeout=300), life.tail()
+    assert "restarting the Spark Connect server" in "".join(life.stderr), life.tail()
+    assert not connect.pid_alive(state.pid)
+    state = connect.ServerState.read(connect.state_path(home))
+    assert connect.pid_alive(state.pid)
     os.killpg(state.pid, signal.SIGKILL)
     deadline = time.monotonic() + 120
     while life.proc.poll() is None and time.monotonic() < deadline:

@@ -288,17 +288,28 @@ def _terminate(pid: int, grace: float = 30.0) -> None:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
         _reap(pid)
+        if not _group_alive(pid):
+            return
         time.sleep(0.1)
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         return
     _reap(pid)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of the group still runs (a zombie does not: its parent, maybe not
+    this process, has yet to reap it)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(group) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _reap(pid: int) -> None:

@@ -12,8 +12,11 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -61,6 +64,27 @@ def test_attached_clients_counts_the_connections_to_a_port():
                 assert connect.attached_clients(port) == 1
                 assert connect.attached_clients(port + 1 if port < 65535 else port - 1) == 0
         assert connect.attached_clients(port) == 0
+
+
+def test_a_group_whose_processes_are_zombies_is_not_alive():
+    """Stopping a server waits for its process group; a JVM that exited but that its parent
+    (another process, busy) has not reaped yet must not keep the stop waiting."""
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    done = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    try:
+        assert connect._group_alive(sleeper.pid)
+        stat = Path(f"/proc/{done.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.05)
+        assert not connect._group_alive(done.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        done.wait()
 
 
 def test_no_server_means_a_local_session(tmp_path, monkeypatch):

@@ -38,10 +38,6 @@ log = logging.getLogger(__name__)
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 STATE_VERSION = 1
 DEFAULT_PORT = 15002  # Spark Connect's own default
-#: A server holding more Python daemons than this is restarted by the next attach that finds
-#: no client on it: Spark 4.3 never stops one (10 to 20 a catch-up run, about 50 MB each;
-#: `DESIGN.md`, "Where a catch-up's time goes").
-MAX_DAEMONS = 40
 
 
 def code_root() -> Path:
@@ -364,7 +360,7 @@ def attached_clients(port: int) -> int:
 
 
 def recycle_server(
-    home: Path, session_conf: Mapping[str, str], max_daemons: int = MAX_DAEMONS
+    home: Path, session_conf: Mapping[str, str], max_daemons: int
 ) -> ServerState | None:
     """The server of `home` to attach to (None: none runs), restarted first (same address,
     and the same port when it is free again) if it holds more than `max_daemons` Python

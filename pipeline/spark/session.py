@@ -65,7 +65,9 @@ class SparkSettings:
     #: starts a local JVM sooner (`pipeline/spark/class_archive.py`)
     class_archive: bool = True
     #: an attach restarts `sluice spark start`'s server once it holds more Python daemons
-    #: than this and no client is on it (`connect.recycle_server`)
+    #: than this and no client is on it (`connect.recycle_server`): Spark 4.3 never stops
+    #: one (10 to 20 a catch-up run, about 50 MB each; `DESIGN.md`, "Where a catch-up's
+    #: time goes")
     server_max_daemons: int = 40
 
     def __post_init__(self) -> None:

@@ -39,7 +39,8 @@ def test_a_misspelt_key_is_refused_naming_it_the_file_and_the_keys(tmp_path, mon
     monkeypatch.setenv("SLUICE_CONFIG", str(path))
     expected = (
         f"{path}: unknown key spark.mastr (did you mean spark.master? the keys of [spark] are "
-        "master, app_name, driver_host, log_level, ui, conf, remote, class_archive)"
+        "master, app_name, driver_host, log_level, ui, conf, remote, class_archive, "
+        "server_max_daemons)"
     )
     with pytest.raises(SettingsError, match=re.escape(expected)):
         SparkSettings.from_config(load_config(), environ={})

@@ -184,14 +184,19 @@ def test_the_endpoint_serves_what_collect_status_says(write_config, tmp_path):
         assert_counters_between(before, samples, after)
         error = after["last_errors"][0]
         assert error["source"] == "mqtt.connect" and "Connection refused" in error["message"]
-        (served,) = labels_of(samples, "sluice_collector_last_error_timestamp_seconds", "mq")
-        assert served == {
+        # one series per source: the refused connection's, and (when the driver itself
+        # failed and restarted meanwhile) the driver's; each one collect status lists
+        served = labels_of(samples, "sluice_collector_last_error_timestamp_seconds", "mq")
+        assert {
             "instance": "mq",
             "driver": "mqtt",
             "source": "mqtt.connect",
             "message": error["message"],
-        }
-        when = value(samples, "sluice_collector_last_error_timestamp_seconds", "mq")
+        } in served
+        assert {s["source"] for s in served} <= {e["source"] for e in after["last_errors"]}
+        when = value(
+            samples, "sluice_collector_last_error_timestamp_seconds", "mq", source="mqtt.connect"
+        )
         assert when == error["time_ns"] / 1e9
         assert labels_of(samples, "sluice_collector_lag_seconds", "mq") == []  # none sent
 

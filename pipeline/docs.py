@@ -91,8 +91,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "~/.cache/sluice/spark-classes when missing, so local JVMs start sooner "
     "(SLUICE_SPARK_CLASS_ARCHIVE; default true)",
     "spark.server_max_daemons": "a job attaching to `sluice spark start`'s server restarts it "
-    "first when it holds more Python worker daemons than this (Spark never stops them: 10 to "
-    "20, about 50 MB each, per catch-up run) and no client is attached "
+    "first when it holds more Python worker daemons than this (Spark never stops them: about "
+    "10 per catch-up run, 1 GB with their workers) and no client is attached "
     "(SLUICE_SPARK_SERVER_MAX_DAEMONS; default 40)",
     "spark.conf": 'any Spark configuration: [spark.conf] "spark.executor.memory" = "2g"',
     "collectors": "the demo's collector instances ([collectors.NAME], as a collector.toml's)",

@@ -66,7 +66,7 @@ class SparkSettings:
     class_archive: bool = True
     #: an attach restarts `sluice spark start`'s server once it holds more Python daemons
     #: than this and no client is on it (`connect.recycle_server`): Spark 4.3 never stops
-    #: one (10 to 20 a catch-up run, about 50 MB each; `DESIGN.md`, "Where a catch-up's
+    #: one (about 10 a catch-up run, 1 GB with their workers; `DESIGN.md`, "Where a catch-up's
     #: time goes")
     server_max_daemons: int = 40
 

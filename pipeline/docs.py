@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import inspect
 import io
+import json
 import os
 import re
 import socket
@@ -288,10 +289,7 @@ def _spark_settings() -> list[Setting]:
             kind, text = "table", "empty"
         else:
             kind = _type_name(type(default))
-            if isinstance(default, bool):
-                text = str(default).lower()
-            else:
-                text = str(default) if isinstance(default, int) else f'"{default}"'
+            text = json.dumps(default)  # as TOML writes it: true, 40, "local[*]"
         key = f"spark.{field.name}"
         rows.append(Setting(key, kind, text, _DESCRIPTIONS.get(key, "—")))
     return rows

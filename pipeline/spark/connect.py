@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -295,17 +295,22 @@ def _terminate(pid: int, grace: float = 30.0) -> None:
     _reap(pid)
 
 
-def _group_alive(group: int) -> bool:
-    """Whether a process of the group still runs (a zombie does not: its parent, maybe not
-    this process, has yet to reap it)."""
+def _proc_stats() -> Iterator[tuple[Path, list[str]]]:
+    """Each process's `/proc/PID` directory and the fields of its `stat` after the command
+    name (state, ppid, pgrp, …); a process gone meanwhile is skipped."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[-1].split()
         except OSError:
             continue
-        if len(fields) > 2 and fields[2] == str(group) and fields[0] != "Z":
-            return True
-    return False
+        if len(fields) > 2:
+            yield stat.parent, fields
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of the group still runs (a zombie does not: its parent, maybe not
+    this process, has yet to reap it)."""
+    return any(f[2] == str(group) and f[0] != "Z" for _, f in _proc_stats())
 
 
 def _reap(pid: int) -> None:
@@ -329,16 +334,12 @@ def python_daemons(pid: int) -> int:
     """How many Python worker daemons the server holds (Spark keeps one per session and
     step, never reaping them: `DESIGN.md`, "Where a catch-up's time goes")."""
     count = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[-1].split()
-            if (
-                int(fields[1]) == pid
-                and b"pyspark.daemon" in (stat.parent / "cmdline").read_bytes()
-            ):
-                count += 1
-        except (OSError, ValueError, IndexError):
-            continue
+    for proc, fields in _proc_stats():
+        if fields[1] == str(pid):
+            try:
+                count += b"pyspark.daemon" in (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
     return count
 
 
@@ -360,16 +361,18 @@ def attached_clients(port: int) -> int:
 
 
 def recycle_server(
-    home: Path, session_conf: Mapping[str, str], max_daemons: int
+    home: Path, server: ServerState, max_daemons: int, session_conf: Callable[[], Mapping]
 ) -> ServerState | None:
-    """The server of `home` to attach to (None: none runs), restarted first (same address,
-    and the same port when it is free again) if it holds more than `max_daemons` Python
-    daemons and no client is attached. One process restarts it at a time; the others wait
-    for it and attach to the new one."""
-    state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
+    """The server of `home` to attach to (`server`, as just found running; None when none
+    runs any more), restarted first (same address, and the same port when it is free again)
+    if it holds more than `max_daemons` Python daemons and no client is attached. One
+    process restarts it at a time; the others wait for it and attach to the new one.
+    `session_conf` is asked only for a restart."""
+    if python_daemons(server.pid) <= max_daemons:
+        return server
     with (state_dir(home) / "recycle.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        state = running_server(home)
+        state = running_server(home)  # another process may have restarted it meanwhile
         if state is None or attached_clients(state.port):
             return state
         held = python_daemons(state.pid)
@@ -381,10 +384,11 @@ def recycle_server(
             held,
         )
         stop_server(home)
+        conf = session_conf()
         try:
-            return start_server(home, session_conf, host=state.host, port=state.port)
+            return start_server(home, conf, host=state.host, port=state.port)
         except ServerError:  # the port is not free again yet: any port will do for Sluice
-            return start_server(home, session_conf, host=state.host)
+            return start_server(home, conf, host=state.host)
 
 
 ServerStatus = Literal["running", "stopped", "stale"]

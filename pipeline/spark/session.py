@@ -18,6 +18,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -239,8 +240,9 @@ def _recycled(server: ServerState, settings: SparkSettings) -> ServerState | Non
     from pipeline.spark.connect import ServerError, recycle_server, running_server
 
     home = sluice_home()
+    conf = partial(server_session_conf, settings)
     try:
-        return recycle_server(home, server_session_conf(settings), settings.server_max_daemons)
+        return recycle_server(home, server, settings.server_max_daemons, conf)
     except (OSError, ServerError) as exc:
         log.warning("could not restart the Spark Connect server: %s", exc)
         return running_server(home)

@@ -202,12 +202,14 @@ def test_jobs_attach_to_the_server_and_survive_its_kill(tmp_path, server):
 
     # the jobs left Python daemons behind (Spark never stops them); a server holding too
     # many is restarted, but never under a client
-    conf = spark_conf(SparkSettings(master="local[2]", app_name="test-connect"))
+    def conf():
+        return spark_conf(SparkSettings(master="local[2]", app_name="test-connect"))
+
     held = connect.python_daemons(state.pid)
     assert held > 0
-    assert connect.recycle_server(home, conf, max_daemons=held).pid == state.pid
+    assert connect.recycle_server(home, state, held, conf).pid == state.pid
     with socket.create_connection((state.host, state.port)):
-        assert connect.recycle_server(home, conf, max_daemons=0).pid == state.pid
+        assert connect.recycle_server(home, state, 0, conf).pid == state.pid
 
     # 2. kill -9 the server (JVM and Python workers) once the mirror has committed a batch;
     #    the mirror restarts the server first, as every attach does past the daemon limit

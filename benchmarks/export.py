@@ -27,10 +27,12 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import simdjson
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 from pipeline.durable import fsync_path
 from pipeline.schemas import FlattenPlan, flatten, flatten_plan
+from pipeline.schemas.flatten import _parsed_numbers  # the stage timed on its own
 from pipeline.spark.export_writer import by_hour, export_task, parquet_options, range_events
 from pipeline.spark.options import ExportOptions
 from pipeline.spark.reading import RANGE_ARROW
@@ -139,7 +141,7 @@ def task_pass(
     plan: FlattenPlan, uri: str, stream: str, span: tuple[int, int], out: Path
 ) -> dict[str, float]:
     """A task's loop over its chunks, each stage timed (CPU) as it runs: read a chunk; decode
-    its events with msgspec, and join and parse its number arrays' texts with numpy, each also
+    its events with msgspec, and parse its number arrays into buffers with simdjson, each also
     done on its own to time it; flatten it (`flatten` less those two is the rest of it); split
     by hour; write each hour's rows to that hour's file (the export's Parquet options) and, to
     time zstd, again to a file without compression; then close the files and fsync the
@@ -174,7 +176,7 @@ def task_pass(
 PROFILE_STAGES = {
     "read": "read the range from the store",
     "decode": "flatten: JSON decode (msgspec; number arrays kept as text)",
-    "parse": "flatten: number arrays joined and parsed (numpy fromstring)",
+    "parse": "flatten: number arrays parsed into buffers (simdjson)",
     "rest": "flatten: the rest (counts, checks, Arrow arrays, dictionaries)",
     "split": "split the rows by event hour",
     "encode": "Parquet: encoding and statistics",
@@ -191,15 +193,13 @@ def timed_stage(spent: dict[str, float], stage: str, run: Callable[..., R], *arg
     return result
 
 
-def parse_numbers(plan: FlattenPlan, decoded: list) -> list[np.ndarray]:
-    """Each number array of the events parsed by numpy from its joined text (as `flatten`)."""
-    dtypes = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
-    parsed = []
-    for path, avro in plan.number_arrays.items():
-        get = attrgetter(".".join(path))
-        text = b",".join(memoryview(get(obj))[1:-1] for obj in decoded)
-        parsed.append(np.fromstring(text, dtypes[avro], sep=","))
-    return parsed
+def parse_numbers(plan: FlattenPlan, decoded: list) -> list:
+    """Each number array of the events parsed into one buffer, by the flatten's own code."""
+    parser = simdjson.Parser()
+    return [
+        _parsed_numbers(parser, list(map(attrgetter(".".join(path)), decoded)), avro)
+        for path, avro in plan.number_arrays.items()
+    ]
 
 
 def open_file(

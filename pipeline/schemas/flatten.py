@@ -1,24 +1,23 @@
 """Flatten a batch of JSON events into Arrow rows through a `FlattenPlan`; quarantine the bad.
 
 Runs in Spark executors and must be fast: msgspec decodes each event into a typed struct whose
-number arrays stay raw JSON text, and each array's text of the whole batch is parsed by one
-numpy call; anything unusual sends the batch event by event, through a strict decoder where
-needed, which gives the exact answer, the same as the fast path would. An event that is not
+number arrays stay raw JSON text, and simdjson parses each such array straight into a buffer of
+machine numbers; anything unusual sends the batch event by event, through a strict decoder
+where needed, which gives the exact answer, the same as the fast path would. An event that is not
 UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays is quarantined
 with its payload, position and reason, never dropped (`DESIGN.md`)."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
+import simdjson
 
 from pipeline.schemas.plan import NUMERIC, Column, FlattenPlan, describe_fields
 
@@ -54,10 +53,9 @@ def quarantine_columns() -> list[dict[str, Any]]:
 
 
 _NP = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64}
-_I64 = np.iinfo(np.int64)
+#: simdjson's buffer type for each Avro number: int64 ("i") or float64 ("d"), as `_NP`.
+_BUFFER = {"int": "i", "long": "i", "float": "d", "double": "d"}
 _I32 = np.iinfo(np.int32)
-_OPEN, _CLOSE = ord("["), ord("]")
-_BLANK_OR_CLOSE = frozenset(b" \t\n\r]")
 
 
 class _FastPathMiss(Exception):
@@ -158,12 +156,9 @@ def flatten(plan: FlattenPlan, events: Events, *, dictionary: bool = False) -> F
     every row of its event: the same values, and Parquet writes them as dictionary pages as is.
     """
     bad: list[tuple[int, str]] = []
-    with warnings.catch_warnings():
-        # numpy warns (instead of failing) when text does not parse to its end.
-        warnings.simplefilter("error", DeprecationWarning)
-        good = _all_at_once(plan, events.payloads)
-        if good is None:
-            good = _one_by_one(plan, events.payloads, bad)
+    good = _all_at_once(plan, events.payloads)
+    if good is None:
+        good = _one_by_one(plan, events.payloads, bad)
     rows, time_ns = _table(plan, events, good, dictionary)
     return Flattened(rows, time_ns, _quarantine(plan, events, bad), len(events.payloads))
 
@@ -197,10 +192,13 @@ def _all_at_once(plan: FlattenPlan, payloads: Sequence[bytes | None]) -> _Good |
         scalars = {c.name: _scalars(c, decoded) for c in plan.columns if c.kind == "scalar"}
     except (msgspec.DecodeError, msgspec.ValidationError, _FastPathMiss):
         return None
+    if not _flat_arrays(plan, payloads):
+        return None
     counts = np.ones(len(payloads), dtype=np.int64)  # an event without arrays is one row
     numbers: dict[tuple[str, ...], np.ndarray] = {}
+    parser = simdjson.Parser()
     for path, avro in plan.number_arrays.items():
-        parsed = _joined_numbers([_get(obj, path) for obj in decoded], avro)
+        parsed = _parsed_numbers(parser, [_get(obj, path) for obj in decoded], avro)
         if parsed is None or (numbers and not np.array_equal(parsed[1], counts)):
             return None
         numbers[path], counts = parsed
@@ -236,40 +234,55 @@ def _scalars(column: Column, decoded: list) -> list:
     return values
 
 
-def _joined_numbers(raws: list, avro: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each event's JSON array of numbers (raw text, already checked as JSON by msgspec)
-    joined by commas and parsed by one numpy call: the values and each event's count, or None
-    when an event's array is not plain: not raw text, not an array, empty or starting with
-    white space (numpy reads a blank item as 0), or a value numpy reads differently."""
-    views = [memoryview(raw) for raw in raws if isinstance(raw, msgspec.Raw)]
-    if len(views) != len(raws):
+def _flat_arrays(plan: FlattenPlan, payloads: Sequence[bytes]) -> bool:
+    """Whether every event holds exactly one `[` per array of the plan: then its arrays hold
+    no arrays (simdjson's buffers flatten nested ones). A `[` inside a string only sends the
+    batch one event at a time."""
+    brackets = len(plan.arrays)
+    return all(payload.count(b"[") == brackets for payload in payloads)
+
+
+def _parsed_numbers(
+    parser: simdjson.Parser, raws: list, avro: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each event's JSON array of numbers (raw text, already checked as JSON by msgspec, and
+    flat) parsed into a buffer: the values of every event concatenated and each event's
+    count, or None when an event's array is not raw text (an optional array) or holds
+    anything `_number_buffer` refuses."""
+    if not all(isinstance(raw, msgspec.Raw) for raw in raws):
         return None  # an optional array: decoded as a list or None
-    if not all(v[0] == _OPEN and v[1] not in _BLANK_OR_CLOSE and v[-1] == _CLOSE for v in views):
+    try:
+        buffers = [_number_buffer(parser, raw, avro) for raw in raws]
+    except _FastPathMiss:
         return None
-    inner = [v[1:-1] for v in views]
-    text = b",".join(inner)
-    sizes = np.fromiter(map(len, inner), dtype=np.int64, count=len(inner))
-    ends = np.cumsum(sizes + 1) - 1
-    commas = map(text.count, repeat(b","), (ends - sizes).tolist(), ends.tolist())
-    counts = np.fromiter(commas, dtype=np.int64, count=len(inner)) + 1
-    try:  # no `count=`: numpy would stop there unchecked, reading "2.5" as 2
-        values = np.fromstring(text, dtype=_NP[avro], sep=",")
-    except (ValueError, DeprecationWarning):
-        return None
-    if values.size != counts.sum() or not _plain(values, avro):
+    counts = np.fromiter((b.nbytes for b in buffers), dtype=np.int64, count=len(buffers)) // 8
+    values = np.frombuffer(b"".join(buffers), dtype=_NP[avro])
+    if not _plain(values, avro):
         return None
     return values, counts
 
 
+def _number_buffer(parser: simdjson.Parser, raw: msgspec.Raw | bytes, avro: str) -> memoryview:
+    """One JSON array's numbers as 8-byte machine numbers, exactly as JSON reads them; raises
+    `_FastPathMiss` for anything else: not an array, a value that is not a number of this
+    type (a fraction or exponent in an int array, null, a string, true), or out of range."""
+    try:
+        array = parser.parse(raw)
+        if not isinstance(array, simdjson.Array):
+            raise _FastPathMiss(avro)
+        return memoryview(array.as_buffer(of_type=_BUFFER[avro]))
+    except (TypeError, ValueError, RuntimeError):  # simdjson's type, range and big-int errors
+        raise _FastPathMiss(avro) from None
+
+
 def _plain(values: np.ndarray, avro: str) -> bool:
-    """Whether numpy read the numbers as JSON does: ints not saturated at the int64 limits
-    (nor out of an Avro int's range), floats finite."""
+    """Whether the values fit the Avro type as JSON reads them: an Avro int in 32 bits, a
+    float finite (simdjson refuses an int64's overflow and an infinite float already)."""
     if not values.size:
         return True
-    if avro in ("int", "long"):
-        low, high = (_I32.min, _I32.max) if avro == "int" else (_I64.min, _I64.max)
-        return bool(values.min() > low and values.max() < high)
-    return bool(np.isfinite(values).all())
+    if avro == "int":
+        return bool(values.min() >= _I32.min and values.max() <= _I32.max)
+    return avro == "long" or bool(np.isfinite(values).all())
 
 
 def _typed(column: Column, values: np.ndarray) -> pa.Array:
@@ -368,27 +381,13 @@ def _samples(column: Column, array: Any) -> Any:
 
 
 def _numbers(raw: msgspec.Raw, avro: str) -> np.ndarray:
-    """Parse a JSON array of numbers (already checked as JSON by msgspec) with numpy."""
-    text = bytes(raw)
-    if text[:1] != b"[" or text[-1:] != b"]":
+    """One event's JSON array of numbers (already checked as JSON by msgspec) as numpy."""
+    if bytes(raw).count(b"[") != 1:
+        raise _FastPathMiss(avro)  # not an array, or one holding arrays
+    values = np.frombuffer(_number_buffer(simdjson.Parser(), raw, avro), dtype=_NP[avro])
+    if not _plain(values, avro):
         raise _FastPathMiss(avro)
-    inner = text[1:-1]
-    if not inner.strip():
-        return np.empty(0, dtype=_NP[avro])
-    try:
-        # msgspec has checked the JSON, so the text is numbers and commas; numpy stops at the
-        # first token that is not a number of this type, with a warning raised as an error.
-        parsed = np.fromstring(inner, dtype=_NP[avro], sep=",")
-    except (ValueError, DeprecationWarning):
-        raise _FastPathMiss(avro) from None
-    if avro in ("int", "long") and parsed.size:
-        low, high = (_I32.min, _I32.max) if avro == "int" else (_I64.min, _I64.max)
-        # numpy saturates out-of-range text at the int64 limits: let msgspec judge those.
-        if parsed.min() <= low or parsed.max() >= high:
-            raise _FastPathMiss(avro)
-    elif parsed.size and not np.isfinite(parsed).all():
-        raise _FastPathMiss(avro)
-    return parsed
+    return values
 
 
 def _table(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -429,6 +430,42 @@ def one_bad_event_changes_nothing_for_the_others(plan: FlattenPlan, payloads: li
     assert dictionaries.rows.to_pylist() == batch.rows.to_pylist()
 
 
+def json_reads(payload: bytes, arrays: dict[str, str]) -> list[tuple] | None:
+    """The rows Python's json module reads from an event's parallel arrays (name -> "long" or
+    "double"): a reading of the numbers independent of the flatten's parsers. None when the
+    event must be refused: not JSON, an array that is not a list of numbers of its type (whole
+    numbers within int64 for a long, finite for a double) or arrays of unequal lengths."""
+    try:
+        event = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    columns = []
+    for name, kind in arrays.items():
+        values = event[name]
+        if not isinstance(values, list):
+            return None
+        if kind == "long":
+            if not all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
+                return None
+        elif not all(type(v) in (int, float) and math.isfinite(v) for v in values):
+            return None
+        columns.append([v if kind == "long" else float(v) for v in values])
+    if len({len(column) for column in columns}) > 1:
+        return None
+    return list(zip(*columns, strict=True))
+
+
+def read_as_json_reads_them(plan: FlattenPlan, payloads: list[bytes], arrays: dict[str, str]):
+    """The batch's rows are exactly the numbers Python's json module reads, and exactly the
+    events it refuses are quarantined."""
+    expected = [json_reads(payload, arrays) for payload in payloads]
+    result = flatten(plan, events_of(payloads))
+    columns = [result.rows.column(name).to_pylist() for name in arrays]
+    assert list(zip(*columns, strict=True)) == [row for e in expected if e is not None for row in e]
+    refused = [100 * i for i, e in enumerate(expected) if e is None]
+    assert result.quarantine.column("_offset").to_pylist() == refused
+
+
 NETWORK = {"TimestampNanos": LONGS, "RxBytes": LONGS, "TxBytes": LONGS}
 ACCELEROMETER = {"TimestampNanos": LONGS, "X": DOUBLES, "Y": DOUBLES, "Z": DOUBLES}
 
@@ -437,14 +474,19 @@ ACCELEROMETER = {"TimestampNanos": LONGS, "X": DOUBLES, "Y": DOUBLES, "Z": DOUBL
 @given(st.lists(json_arrays(NETWORK), max_size=4))
 def test_a_batch_of_network_events_flattens_as_its_events_one_at_a_time(arrays):
     payloads = [f'{{"RemoteAddr":"a","Interface":"b",{a}}}'.encode() for a in arrays]
-    one_bad_event_changes_nothing_for_the_others(flatten_plan("NetworkSamples"), payloads)
+    plan = flatten_plan("NetworkSamples")
+    one_bad_event_changes_nothing_for_the_others(plan, payloads)
+    read_as_json_reads_them(plan, payloads, dict.fromkeys(NETWORK, "long"))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(json_arrays(ACCELEROMETER), max_size=4))
 def test_a_batch_of_double_arrays_flattens_as_its_events_one_at_a_time(arrays):
     payloads = [f'{{"RemoteAddr":"a",{a}}}'.encode() for a in arrays]
-    one_bad_event_changes_nothing_for_the_others(flatten_plan("AccelerometerSamples"), payloads)
+    plan = flatten_plan("AccelerometerSamples")
+    one_bad_event_changes_nothing_for_the_others(plan, payloads)
+    kinds = {"TimestampNanos": "long", "X": "double", "Y": "double", "Z": "double"}
+    read_as_json_reads_them(plan, payloads, kinds)
 
 
 @pytest.mark.parametrize(

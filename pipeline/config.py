@@ -42,6 +42,8 @@ VARIABLES: dict[str, str] = {
     "SLUICE_SPARK_CLASS_ARCHIVE": "false: local JVMs start without the archive of Spark's classes",
     "SLUICE_SPARK_SERVER_MAX_DAEMONS": "restart the Spark Connect server past this many Python "
     "daemons",
+    "SLUICE_IN_PROCESS_BYTES": "a run until caught up whose backlog is at most this many bytes "
+    "runs it in its own process, without Spark (0: always Spark; default 32 MiB)",
     "SLUICE_PRAVEGA_USER": "Pravega user",
     "SLUICE_PRAVEGA_PASSWORD_FILE": "a file holding the Pravega password",
     "SLUICE_PRAVEGA_PASSWORD": "the Pravega password (prefer the _FILE variable)",

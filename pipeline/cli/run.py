@@ -6,7 +6,8 @@ A job is a spec, a run function and `spec.command_line()` in its module under `p
 here each job's flags become its spec (`job_spec(args)`), and parsing `spec.command_line()`
 gives that spec back. The run flags every job shares (`common_options`): `--checkpoint`,
 `--available-now` (default) or `--continuous [--trigger 10s]`, `--from head|tail|CUT` (first
-start only), `--max-events N` / `--max-bytes N` per batch. Progress (starting Spark, where
+start only), `--max-events N` / `--max-bytes N` per batch, `--in-process-bytes N` (a small
+backlog runs without Spark). Progress (starting Spark, where
 the job reads from, each batch) goes to stderr (`pipeline/cli/progress.py`); the summary is
 JSON on stdout.
 """
@@ -35,6 +36,7 @@ from pipeline.jobs.bookmark import (
 )
 from pipeline.jobs.console import MAX_CHARS, ConsoleSpec, console
 from pipeline.jobs.export import DEFAULT_FORMATS, MAX_ROWS_PER_FILE, ExportSpec, export
+from pipeline.jobs.in_process import IN_PROCESS_BYTES, IN_PROCESS_ENV
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
 from pipeline.jobs.stream_join import TIME_COLUMN, SeriesSource, StreamJoinSpec, join_streams
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 TRIGGER_FLAG, FORMAT_FLAG, ROWS_FLAG = "--trigger", "--format", "--max-rows-per-file"
+IN_PROCESS_FLAG = "--in-process-bytes"
 STREAM_HELP = "SCOPE/STREAM"
 OUTPUT_HELP = (
     "a relative path is under $SLUICE_HOME, as sluice.toml's [exports] dir is (so "
@@ -96,6 +99,14 @@ def common_options() -> argparse.ArgumentParser:
     )
     common.add_argument("--max-events", type=int, help="at most this many events per batch")
     common.add_argument("--max-bytes", type=int, help="at most this many payload bytes per batch")
+    common.add_argument(
+        IN_PROCESS_FLAG,
+        type=int,
+        metavar="N",
+        help="mirror, export, bookmark until caught up: a backlog of at most N bytes runs as "
+        "one batch in this process, without Spark; 0: always Spark (default "
+        f"${IN_PROCESS_ENV}, else {IN_PROCESS_BYTES >> 20} MiB)",
+    )
     return common
 
 
@@ -118,6 +129,9 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         if value is not None and value <= 0:
             reason = "expected a positive number"
             raise UsageError(flag, str(value), reason)
+    if args.in_process_bytes is not None and args.in_process_bytes < 0:
+        reason = "expected 0 (always Spark) or a positive number"
+        raise UsageError(IN_PROCESS_FLAG, str(args.in_process_bytes), reason)
     return RunOptions(
         mode=args.mode,
         trigger_seconds=parse_interval(args.trigger),
@@ -125,6 +139,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         max_events=args.max_events,
         max_bytes=args.max_bytes,
         checkpoint=args.checkpoint,
+        in_process_bytes=args.in_process_bytes,
     )
 
 

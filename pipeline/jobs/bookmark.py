@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.in_process import events_batch
 from pipeline.jobs.runner import (
     SERVICE,
     BatchReport,
@@ -405,6 +406,19 @@ def _foreach(spec: BookmarkSpec, root: Path) -> Callable[[DataFrame, int], None]
     return run_batch
 
 
+def _in_process(spec: BookmarkSpec, root: Path) -> Callable[[pa.Table, int], None]:
+    """`_foreach`'s batch on the events as Arrow, for a batch run without Spark."""
+    from pipeline.schemas import flatten_plan
+
+    plan = flatten_plan(spec.schema)
+
+    def run_batch(events: pa.Table, batch_id: int) -> None:
+        with open_store(spec.store) as store:
+            process_batch(store, spec, plan, root, batch_id=batch_id, events=events)
+
+    return run_batch
+
+
 def bookmark(
     spark: SparkSession,
     spec: BookmarkSpec,
@@ -421,6 +435,9 @@ def bookmark(
 
     with Checkpoint(root, identity) as checkpoint:
         source = JobSource(spec.store, spec.stream)
-        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
+        small = events_batch(_in_process(spec, checkpoint.root / "bookmarks"))
+        batches = run_query(
+            spark, checkpoint, source, run=run, sink=sink, report=report, in_process=small
+        )
         outputs = {"slices_stream": spec.slices_stream, "reason": spec.reason}
         return JobSummary("bookmark", str(checkpoint.root), batches, outputs)

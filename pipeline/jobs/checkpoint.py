@@ -287,6 +287,31 @@ def settled_position(root: Path) -> SettledPosition:
     return SettledPosition(last, batch_end_cuts(root, last))
 
 
+@dataclass(frozen=True, slots=True)
+class PlannedBatch:
+    """The batch planned right after a checkpoint's last committed one, not committed yet:
+    its id, where it starts (the last batch's end cuts) and where it ends."""
+
+    batch_id: int
+    start_cuts: tuple[StreamCut, ...]
+    end_cuts: tuple[StreamCut, ...]
+
+
+def planned_batch(root: Path) -> PlannedBatch | None:
+    """The batch in doubt when it is the only thing in doubt: Spark's offset log holds one
+    batch past the last commit, and the ledger, if any, nothing but that batch past it (in
+    any state). A re-run over its cuts then finishes it exactly as Spark's restart would:
+    the ledger's record of it, if any, is what gets published. None for anything else."""
+    planned = _batch_ids(root / "spark" / "offsets")
+    committed = _batch_ids(root / "spark" / "commits")
+    if not planned or not committed or planned[-1] != committed[-1] + 1:
+        return None
+    last = committed[-1]
+    if any(batch_id != last + 1 for batch_id, _ in _unfinished(root, last)):
+        return None
+    return PlannedBatch(last + 1, batch_end_cuts(root, last), batch_end_cuts(root, last + 1))
+
+
 def _unfinished(root: Path, last: int) -> list[tuple[int, str]]:
     path = root / "ledger.sqlite"
     if not path.exists():

@@ -23,6 +23,7 @@ from pipeline import durable
 from pipeline.config import sluice_home
 from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.in_process import stream_writer_batch
 from pipeline.jobs.runner import (
     SERVICE,
     BatchReport,
@@ -151,25 +152,33 @@ def export(
     identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
     root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
 
+    def options(checkpoint: Checkpoint) -> dict[str, str]:
+        opts = {
+            "schema": plan.schema.source,
+            "output": str(output),
+            "formats": ",".join(spec.formats),
+            "maxRowsPerFile": str(spec.max_rows_per_file),
+            "state": str(checkpoint.ledger_path),
+        }
+        if spec.time_field is not None:
+            opts["timeField"] = spec.time_field
+        return opts
+
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
-        writer = (
+        return (
             events.writeStream.format("sluice-export")
-            .option("schema", plan.schema.source)
-            .option("output", str(output))
-            .option("formats", ",".join(spec.formats))
-            .option("maxRowsPerFile", str(spec.max_rows_per_file))
-            .option("state", str(checkpoint.ledger_path))
+            .options(**options(checkpoint))
             .queryName(f"export {spec.stream} -> {output}")
         )
-        if spec.time_field is not None:
-            writer = writer.option("timeField", spec.time_field)
-        return writer
 
     with Checkpoint(root, identity) as checkpoint:
         record_export(spec)
         # Range rows: each task reads its range from the store and flattens it itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")
-        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
+        small = stream_writer_batch("sluice-export", options(checkpoint))
+        batches = run_query(
+            spark, checkpoint, source, run=run, sink=sink, report=report, in_process=small
+        )
         outputs = {
             "output": str(output),
             "formats": list(spec.formats),

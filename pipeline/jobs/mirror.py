@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.in_process import stream_writer_batch
 from pipeline.jobs.runner import (
     SERVICE,
     BatchReport,
@@ -75,21 +76,29 @@ def mirror(
     root = run.checkpoint or default_checkpoint("mirror", spec.stream, spec.to)
     ensure_target(spec)
 
+    def options(checkpoint: Checkpoint) -> dict[str, str]:
+        opts = {
+            "store": spec.to_store,
+            "stream": spec.to,
+            "state": str(checkpoint.ledger_path),
+            "commitMode": spec.commit_mode,
+        }
+        if spec.fixed_routing_key is not None:
+            opts["routingKey"] = spec.fixed_routing_key
+        return opts
+
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
-        writer = (
+        return (
             events.writeStream.format("sluice")
-            .option("store", spec.to_store)
-            .option("stream", spec.to)
-            .option("state", str(checkpoint.ledger_path))
-            .option("commitMode", spec.commit_mode)
+            .options(**options(checkpoint))
             .queryName(f"mirror {spec.stream} -> {spec.to}")
         )
-        if spec.fixed_routing_key is not None:
-            writer = writer.option("routingKey", spec.fixed_routing_key)
-        return writer
 
     with Checkpoint(root, identity) as checkpoint:
         # Range rows: each task copies its range from the source store itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")
-        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
+        small = stream_writer_batch("sluice", options(checkpoint))
+        batches = run_query(
+            spark, checkpoint, source, run=run, sink=sink, report=report, in_process=small
+        )
         return JobSummary("mirror", str(checkpoint.root), batches, {"stream": spec.to})

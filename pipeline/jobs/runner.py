@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pipeline import durable
 from pipeline.errors import SluiceError
-from pipeline.jobs.checkpoint import SettledPosition, settled_position
+from pipeline.jobs.checkpoint import SettledPosition, planned_batch, settled_position
+from pipeline.jobs.in_process import InProcessBatch, default_in_process_bytes, run_in_process
 from pipeline.spark.ledger import BatchLedger
 from pipeline.spark.session import default_parallelism
 from pipeline.streams import StreamCut, open_store, parse_stream
@@ -61,6 +62,10 @@ class RunOptions:
     max_events: int | None = None
     max_bytes: int | None = None
     checkpoint: Path | None = None
+    #: until caught up: a backlog of at most this many bytes runs as one batch in this
+    #: process, without Spark (`in_process.py`); 0 always starts Spark; None: as
+    #: `$SLUICE_IN_PROCESS_BYTES` says, else 32 MiB (read when the run starts)
+    in_process_bytes: int | None = None
     #: continuous mode only: stop after this long (for tests and scheduled runs; no flag)
     stop_after_seconds: float | None = None
 
@@ -78,6 +83,8 @@ class RunOptions:
                 flags += [flag, str(value)]
         if self.checkpoint is not None:
             flags += ["--checkpoint", str(self.checkpoint)]
+        if self.in_process_bytes is not None:
+            flags += ["--in-process-bytes", str(self.in_process_bytes)]
         return flags
 
 
@@ -108,13 +115,16 @@ class BatchReport:
     quarantined: int
     lag_bytes: int | None
     duration_ms: int
+    #: False for a small backlog run in the job's own process (`in_process.py`)
+    spark: bool = True
 
     def line(self) -> str:
         lag = "?" if self.lag_bytes is None else f"{self.lag_bytes} B"
         events = f"{self.events} event{'s' if self.events != 1 else ''}"
         rows = f"{self.rows} row{'s' if self.rows != 1 else ''}"
+        where = "" if self.spark else " (in this process, no Spark)"
         return (
-            f"{self.job} batch {self.batch_id}: {events}, {rows}, "
+            f"{self.job} batch {self.batch_id}{where}: {events}, {rows}, "
             f"{self.quarantined} quarantined, lag {lag}, {self.duration_ms} ms, "
             f"cuts {self.start_cut or 'start'} .. {self.end_cut}"
         )
@@ -217,16 +227,33 @@ def run_query(
     run: RunOptions,
     sink: Callable[[DataFrame, Checkpoint], DataStreamWriter],
     report: Callable[[BatchReport], None],
+    in_process: InProcessBatch | None = None,
 ) -> tuple[BatchReport, ...]:
     """What every streaming job does on its acquired checkpoint: start at `--from` (first
     run) or where it stopped, read `sources` (one, or several unioned: the streaming join),
     write through `sink`, report each batch. A run until caught up that is caught up already
-    (`caught_up`) runs no batch and never calls a session factory: Spark would plan nothing."""
-    position = caught_up(checkpoint, sources, run)
-    if position is not None:
-        ends = ", ".join(cut.text for cut in position.end_cuts)
-        log.info("%s: nothing new since %s: Spark not started", checkpoint.identity.job, ends)
-        return ()
+    (`caught_up`) runs no batch and never calls a session factory: Spark would plan nothing.
+    One whose backlog is small runs it as one batch through `in_process`, when the job gives
+    one, without Spark either (`in_process.py`)."""
+    reports: list[BatchReport] = []
+    for _ in range(2):  # a batch planned before this run and never finished, then the backlog
+        standing = _standing(checkpoint, sources, run)
+        if standing is None:
+            break
+        if standing.caught_up:
+            if not reports:
+                ends = ", ".join(cut.text for cut in standing.start)
+                log.info(
+                    "%s: nothing new since %s: Spark not started", checkpoint.identity.job, ends
+                )
+            return tuple(reports)
+        done = _in_process(checkpoint, sources, run, standing, in_process) if in_process else None
+        if done is None:
+            break
+        report(done)
+        reports.append(done)
+    else:
+        return tuple(reports)
     if callable(spark):
         spark = spark()
     frames = [
@@ -240,13 +267,16 @@ def run_query(
         events = events.unionByName(frame)
     writer = sink(events, checkpoint).option("checkpointLocation", str(checkpoint.spark_dir))
     query = with_trigger(writer, run).start()
-    return await_query(
-        checkpoint.identity.job,
-        query,
-        run,
-        report,
-        checkpoint.ledger_path,  # a sink without a ledger leaves none: counts come from Spark
-        first_start=checkpoint.start_cut,
+    return (
+        *reports,
+        *await_query(
+            checkpoint.identity.job,
+            query,
+            run,
+            report,
+            checkpoint.ledger_path,  # a sink without a ledger leaves none: counts from Spark
+            first_start=checkpoint.start_cut,
+        ),
     )
 
 
@@ -258,26 +288,112 @@ def caught_up(
     ended. Spark's own restart would then plan no batch (the `sluice` source's latest offset
     is the tail: `pipeline/spark/reading.py`), so none is the same outcome without a JVM.
 
-    None means Spark must run: a continuous run, a new checkpoint, a batch to finish (Spark
-    re-runs it), new events, a segment added by a scale, or anything unreadable (Spark says
-    what is wrong). Read holding the checkpoint; the tails are read after it, so events
-    appended meanwhile wait for the next run, as they would had they come after Spark's."""
+    None means there is work: a continuous run, a new checkpoint, a batch to finish, new
+    events, a segment added by a scale, or anything unreadable (Spark says what is wrong).
+    Read holding the checkpoint; the tails are read after it, so events appended meanwhile
+    wait for the next run, as they would had they come after Spark's."""
+    standing = _standing(checkpoint, sources, run)
+    if standing is None or not standing.caught_up:
+        return None
+    return SettledPosition(standing.last, standing.start)
+
+
+@dataclass(frozen=True, slots=True)
+class _Standing:
+    """Where a run until caught up stands before it starts Spark: the last committed batch,
+    its end cuts (`start`), and either every source's tail or, when the batch after it was
+    planned and never finished (`planned`), that batch's end cuts (`end`)."""
+
+    last: int
+    start: tuple[StreamCut, ...]
+    end: tuple[StreamCut, ...]
+    planned: bool
+
+    @property
+    def caught_up(self) -> bool:
+        return not self.planned and self.end == self.start
+
+
+def _standing(
+    checkpoint: Checkpoint, sources: Sequence[JobSource], run: RunOptions
+) -> _Standing | None:
+    """Where the checkpoint of a run until caught up stands (`_Standing`); None when only
+    Spark can say: a continuous run, a new checkpoint, more in doubt than one planned batch
+    (`planned_batch`), a checkpoint of other streams, anything unreadable."""
     if run.mode != "available-now" or checkpoint.is_new:
         return None
+    wanted = {"/".join(parse_stream(s.stream)): s.store for s in sources}
     try:
-        position = settled_position(checkpoint.root)
-        ends = {cut.stream: cut for cut in position.end_cuts}
-        wanted = {"/".join(parse_stream(s.stream)): s.store for s in sources}
-        if len(ends) != len(position.end_cuts) or ends.keys() != wanted.keys():
-            return None
-        for stream, store in wanted.items():
-            with open_store(store) as opened:
-                if opened.tail(stream) != ends[stream]:
-                    return None
+        planned = planned_batch(checkpoint.root)
+        if planned is not None:
+            standing = _Standing(
+                planned.batch_id - 1, planned.start_cuts, planned.end_cuts, planned=True
+            )
+        else:
+            position = settled_position(checkpoint.root)
+            tails = {}
+            for stream, store in wanted.items():
+                with open_store(store) as opened:
+                    tails[stream] = opened.tail(stream)
+            end = tuple(tails.get(cut.stream, cut) for cut in position.end_cuts)
+            standing = _Standing(position.batch_id, position.end_cuts, end, planned=False)
     except (SluiceError, OSError) as exc:  # InDoubt, unreadable, a stream gone: Spark says
         log.info("%s: Spark runs: %s", checkpoint.identity.job, exc)
         return None
-    return position
+    streams = [cut.stream for cut in standing.start]
+    if len(set(streams)) != len(streams) or set(streams) != wanted.keys():
+        return None
+    return standing
+
+
+def _in_process(
+    checkpoint: Checkpoint,
+    sources: Sequence[JobSource],
+    run: RunOptions,
+    standing: _Standing,
+    batch: InProcessBatch,
+) -> BatchReport | None:
+    """The next batch in this process when it is small enough (`in_process.py`): one
+    source, no batch limit, no segment added since the last batch, at most
+    `run.in_process_bytes` bytes. None when Spark is to run it."""
+    if len(sources) != 1 or run.max_events is not None or run.max_bytes is not None:
+        return None
+    (start,), (end,) = standing.start, standing.end
+    if set(end.segments) != set(start.segments):
+        return None  # a scale: Spark plans the successor segments
+    backlog = start.bytes_until(end)
+    limit = run.in_process_bytes
+    if limit is None:
+        limit = default_in_process_bytes()
+    if not limit or backlog > limit:
+        return None
+    job = checkpoint.identity.job
+    log.info("%s: %d bytes since %s: one batch in this process", job, backlog, start.text)
+    source = sources[0]
+    result = run_in_process(
+        checkpoint.spark_dir,
+        source.store,
+        source.stream,
+        batch_id=standing.last + 1,
+        cuts=(start, end),
+        planned=standing.planned,
+        batch=batch,
+    )
+    if result is None:
+        return None
+    events = int(result.stats.get("events", 0))
+    return BatchReport(
+        job=job,
+        batch_id=result.batch_id,
+        start_cut=start.text,
+        end_cut=end.text,
+        events=events,
+        rows=int(result.stats.get("rows", events)),
+        quarantined=int(result.stats.get("quarantined", 0)),
+        lag_bytes=0,
+        duration_ms=result.duration_ms,
+        spark=False,
+    )
 
 
 def source_frame(

@@ -94,7 +94,14 @@ class SluiceExportDataSource(DataSource):
         return ExportStreamWriter(ExportOptions.parse(self.options))
 
 
+#: The data sources by their format name, as `spark.read.format(…)` takes it.
+DATA_SOURCES: dict[str, type[DataSource]] = {
+    SOURCE: SluiceDataSource,
+    EXPORT: SluiceExportDataSource,
+}
+
+
 def register_sources(spark: SparkSession) -> None:
     """Make `format("sluice")` and `format("sluice-export")` available in `spark`."""
-    spark.dataSource.register(SluiceDataSource)
-    spark.dataSource.register(SluiceExportDataSource)
+    for source in DATA_SOURCES.values():
+        spark.dataSource.register(source)

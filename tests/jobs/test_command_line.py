@@ -77,6 +77,7 @@ RUNS = {
         max_events=1000,
         max_bytes=1 << 20,
         checkpoint=Path("/srv/checkpoints/a b"),
+        in_process_bytes=0,
     ),
 }
 

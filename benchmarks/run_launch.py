@@ -2,16 +2,19 @@
 spawned by Dagster's code server (its `DefaultRunLauncher`), side by side.
 
     .venv/bin/python benchmarks/run_launch.py [--rounds 3] [--events 100] [--samples 1000]
-                                              [--connect] [--write-results]
+                                              [--always-spark] [--connect] [--write-results]
 
 Each contender has its own Sluice home (stores, checkpoints, Dagster instance) and its own
 code server started from `workspace.yaml`; the `worker` contender also runs
 `python -m assets.run_worker`. Each round appends `events x samples` NIC samples to the
 network family's edge stream of both and launches one `catch_up_network` run on each (mirror,
 Parquet and CSV exports, their checks), alternating which goes first; the time is from the
-launch call to the run's end, as a sensor's launch would see it. `--connect` runs Spark in a
-Spark Connect server both attach to (`pipeline/spark/connect.py`), else each run starts its
-own local JVM. Round 0 (new checkpoints) is shown but not counted.
+launch call to the run's end, as a sensor's launch would see it. By default a round's
+backlog is small enough to run in the run's own process, without Spark
+(`pipeline/jobs/in_process.py`); `--always-spark` sends every batch through Spark
+(`SLUICE_IN_PROCESS_BYTES=0`), and `--connect` (which implies it) runs Spark in a Spark
+Connect server both attach to (`pipeline/spark/connect.py`), else each run starts its own
+local JVM. Round 0 (new checkpoints: always Spark) is shown but not counted.
 """
 
 from __future__ import annotations
@@ -109,18 +112,31 @@ class Contender:
         self.instance.dispose()
 
 
+def how_spark_runs(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The results' variant for how the runs use Spark, and its words for the figures."""
+    if args.connect:
+        return "connect", "Spark Connect server"
+    if args.always_spark:
+        return "always-spark", "a local JVM per run"
+    return None, "no Spark (a small backlog runs in the run's process)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--events", type=int, default=100)
     parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--always-spark", action="store_true")
     parser.add_argument("--connect", action="store_true")
     Recorder.add_option(parser)
     args = parser.parse_args()
-    recorder = Recorder(__file__, __doc__, variant="connect" if args.connect else None)
+    variant, spark = how_spark_runs(args)
+    recorder = Recorder(__file__, __doc__, variant=variant)
 
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-launch-"))
     env = {"SLUICE_SPARK_MASTER": "local[2]", "SLUICE_CONFIG": str(ROOT / "sluice.toml")}
+    if variant is not None:  # every batch through Spark
+        env["SLUICE_IN_PROCESS_BYTES"] = "0"
     server_home = work / "spark"
     if args.connect:
         from pipeline.spark.connect import start_server
@@ -157,7 +173,6 @@ def main() -> None:
             stop_server(server_home)
     print("(* round 0: new checkpoints; not counted)")
     cold, warm = (statistics.median(walls[c.name]) for c in contenders)
-    spark = "Spark Connect server" if args.connect else "a local JVM per run"
     print(json.dumps({"median_s": {"code server": cold, "run worker": warm}}))
     print(f"catch-up of {per_round:,} new samples ({spark}): run worker {warm:.2f} s, "
           f"code server {cold:.2f} s, {cold / warm:.2f}x")  # fmt: skip

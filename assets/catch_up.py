@@ -146,7 +146,8 @@ def skipped_observation(key: dg.AssetKey, outcome: StepOutcome) -> dg.AssetObser
 
 
 #: Whether a catch-up run started Spark: false when the checkpoint and the store showed that
-#: nothing was new, which is decided before any session exists.
+#: nothing was new, which is decided before any session exists, or when its small backlog ran
+#: in the step's own process.
 SPARK_STARTED = "spark_started"
 
 
@@ -183,6 +184,9 @@ def run_metadata(outcome: StepOutcome, checkpoint: Path, source_tail: StreamCut)
         metadata["lag_bytes"] = dg.MetadataValue.int(end.bytes_until(source_tail))
     if summary.batches:
         metadata[LAST_BATCH] = dg.MetadataValue.int(summary.batches[-1].batch_id)
+        # false when a small backlog ran in the step's own process (`in_process.py`)
+        spark = any(batch.spark for batch in summary.batches)
+        metadata[SPARK_STARTED] = dg.MetadataValue.bool(spark)
     return metadata
 
 

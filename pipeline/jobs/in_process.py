@@ -69,11 +69,9 @@ def default_in_process_bytes() -> int:
 
 @dataclass(frozen=True, slots=True)
 class InProcessResult:
-    """What a batch run here did: its id, its cuts, its counts and how long it took."""
+    """What a batch run here did: its id, its counts and how long it took."""
 
     batch_id: int
-    start: StreamCut
-    end: StreamCut
     stats: dict[str, Any]
     duration_ms: int
 
@@ -121,11 +119,11 @@ def range_rows(ranges: list[SegmentRange]) -> pa.RecordBatch:
 
     from pipeline.spark.reading import RANGE_ARROW
 
-    columns = zip(*((r.store, r.stream, r.segment, r.start, r.end) for r in ranges), strict=True)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(list(c), f.type) for c, f in zip(columns, RANGE_ARROW, strict=True)],
-        schema=RANGE_ARROW,
-    )
+    rows = [
+        {"store": r.store, "stream": r.stream, "segment": r.segment, "start": r.start, "end": r.end}
+        for r in ranges
+    ]
+    return pa.RecordBatch.from_pylist(rows, schema=RANGE_ARROW)
 
 
 def run_in_process(
@@ -160,7 +158,7 @@ def run_in_process(
         return None
     write_commit_entry(spark_dir, last, batch_id)
     duration = int((time.monotonic() - started) * 1000)
-    return InProcessResult(batch_id, start, end, stats, duration)
+    return InProcessResult(batch_id, stats, duration)
 
 
 def write_offset_entry(spark_dir: Path, last: int, batch_id: int, end: StreamCut) -> None:

@@ -29,7 +29,7 @@ def catch_up(settings, instance) -> dg.ExecuteInProcessResult:
     )
 
 
-def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark):
+def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark, monkeypatch):
     net = settings.family("network")
     write_events(net.store_uri, net.stream, [*samples(5), b"not json"])
     first = materialized(catch_up(settings, instance))
@@ -42,6 +42,7 @@ def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark
     assert mirror["end_cut"] == edge_tail
     assert (mirror["events"], mirror["lag_bytes"]) == (6, 0)
     assert mirror["target_stream"] == net.mirror_stream
+    assert mirror["spark_started"] is True  # a new checkpoint's first batch is Spark's
 
     parquet = first["network/parquet_export"]
     cloud_tail = tail_text(net.mirror_store_uri, net.mirror_stream)
@@ -63,7 +64,9 @@ def test_catch_up_records_cut_ranges_counts_and_schema(settings, instance, spark
     assert version is not None
 
     write_events(net.store_uri, net.stream, samples(3, first_event=5))
+    monkeypatch.setenv("SLUICE_IN_PROCESS_BYTES", str(1 << 20))  # a small backlog: no Spark
     second = materialized(catch_up(settings, instance))
+    assert {second[key]["spark_started"] for key in STREAMING} == {False}
     assert second["network/cloud_mirror"]["start_cut"] == edge_tail
     assert second["network/cloud_mirror"]["end_cut"] == tail_text(net.store_uri, net.stream)
     assert second["network/cloud_mirror"]["events"] == 3

@@ -103,7 +103,8 @@ def common_options() -> argparse.ArgumentParser:
         IN_PROCESS_FLAG,
         type=int,
         metavar="N",
-        help="mirror, export, bookmark until caught up: a backlog of at most N bytes runs as "
+        help="mirror, export, bookmark, console until caught up: a backlog of at most N bytes "
+        "runs as "
         "one batch in this process, without Spark; 0: always Spark (default "
         f"${IN_PROCESS_ENV}, else {IN_PROCESS_BYTES >> 20} MiB)",
     )

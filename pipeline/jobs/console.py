@@ -17,6 +17,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, TextIO
 
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.in_process import events_batch
 from pipeline.jobs.runner import (
     SERVICE,
     BatchReport,
@@ -28,6 +29,7 @@ from pipeline.jobs.runner import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter
 
@@ -66,12 +68,24 @@ def format_event(row: dict, max_chars: int) -> str:
     return f"{when}  {where}  key={key if key is not None else '-'}  {text}"
 
 
-def _printer(spec: ConsoleSpec, out: TextIO) -> Callable[[DataFrame, int], None]:
-    def print_batch(batch: DataFrame, batch_id: int) -> None:
-        table = batch.toArrow().sort_by([("segment", "ascending"), ("offset", "ascending")])
+def _print_events(spec: ConsoleSpec, out: TextIO) -> Callable[[pa.Table, int], None]:
+    """A batch's events (the `sluice` source's columns, as Arrow) printed in stream order;
+    a small backlog's batch run without Spark gets this directly (`in_process.py`)."""
+
+    def print_events(events: pa.Table, batch_id: int) -> None:
+        table = events.sort_by([("segment", "ascending"), ("offset", "ascending")])
         for row in table.to_pylist():
             out.write(format_event(row, spec.max_chars) + "\n")
         out.flush()
+
+    return print_events
+
+
+def _printer(spec: ConsoleSpec, out: TextIO) -> Callable[[DataFrame, int], None]:
+    print_events = _print_events(spec, out)
+
+    def print_batch(batch: DataFrame, batch_id: int) -> None:
+        print_events(batch.toArrow(), batch_id)
 
     return print_batch
 
@@ -93,5 +107,8 @@ def console(
 
     with Checkpoint(root, identity) as checkpoint:
         source = JobSource(spec.store, spec.stream)
-        batches = run_query(spark, checkpoint, source, run=run, sink=sink, report=report)
+        small = events_batch(_print_events(spec, out or sys.stdout))
+        batches = run_query(
+            spark, checkpoint, source, run=run, sink=sink, report=report, in_process=small
+        )
         return JobSummary("console", str(checkpoint.root), batches, {})

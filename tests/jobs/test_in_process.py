@@ -8,6 +8,7 @@ log entries as Spark does; a sink that fails hands its batch to Spark in the sam
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
 from dataclasses import replace
@@ -17,6 +18,7 @@ import pytest
 from pipeline.jobs import export as export_job
 from pipeline.jobs.bookmark import BookmarkSpec, Condition, bookmark, process_batch
 from pipeline.jobs.checkpoint import default_checkpoint, settled_position
+from pipeline.jobs.console import ConsoleSpec, console
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.in_process import IN_PROCESS_ENV, default_in_process_bytes, range_rows
 from pipeline.jobs.mirror import MirrorSpec, mirror
@@ -225,6 +227,36 @@ def test_a_small_bookmark_backlog_records_the_slices_spark_would(spark, store, s
     )
     assert len(recorded) == 3
     assert recorded == sorted((s.slice_id, s.cuts) for s in whole)
+
+
+@pytest.mark.spark
+def test_a_small_console_backlog_prints_the_lines_spark_would(spark, store, store_dir, tmp_path):
+    """The same events printed by Spark (one checkpoint) and, after a Spark batch 0, in
+    process (another checkpoint): the same lines."""
+    store.create_stream("edge/net", segments=2)
+
+    def write(events: range) -> None:
+        with store.writer("edge/net") as writer:
+            for i in events:
+                writer.write(f'{{"n": {i}}}'.encode(), routing_key=f"k{i % 3}")
+
+    def printed(run: RunOptions, checkpoint: str) -> tuple[list[str], tuple]:
+        out = io.StringIO()
+        spec = ConsoleSpec("edge/net", f"embedded:{store_dir}")
+        summary = console(sessions, spec, replace(run, checkpoint=tmp_path / checkpoint), out=out)
+        return out.getvalue().splitlines(), summary.batches
+
+    sessions = Sessions(spark)
+    write(range(4))
+    printed(SPARK, "small")
+    write(range(4, 12))
+    small, batches = printed(SMALL, "small")
+    assert sessions.calls == 1
+    assert [(b.batch_id, b.events, b.spark) for b in batches] == [(1, 8, False)]
+    everything, _ = printed(SPARK, "spark")
+    assert sessions.calls == 2
+    later = [line for line in everything if int(line.rsplit(": ", 1)[1].rstrip("}")) >= 4]
+    assert sorted(small) == sorted(later) and len(small) == 8
 
 
 def test_the_default_comes_from_the_environment(monkeypatch):

@@ -11,11 +11,11 @@ batch here, the way Spark would run it:
    job's `foreachBatch` function over the events;
 3. Spark's commit log entry (`spark/commits/N+1`, a copy of batch N's) — the batch is done.
 
-A crash or a failure between 1 and 3 leaves batch N+1 planned and uncommitted: the next run
-is in doubt (`settled_position`), so Spark starts and re-runs N+1 from the offset log over the
-same cuts, exactly as after a driver crash, and the sink's ledger or the job's batch states
-make the re-run publish once. A failure here also hands the batch to Spark in the same run.
-`DESIGN.md`, "Small backlogs without Spark".
+A crash or a failure between 1 and 3 leaves batch N+1 planned and uncommitted, as a driver
+crash does: the next run finds it (`checkpoint.planned_batch`) and re-runs it over the cuts of
+its offset log entry — here when it is small, else in Spark — and the sink's ledger or the
+job's batch states make the re-run publish once. A failure here also hands the batch to
+Spark in the same run. `DESIGN.md`, "Small backlogs without Spark".
 """
 
 from __future__ import annotations

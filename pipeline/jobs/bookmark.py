@@ -394,20 +394,9 @@ def process_batch(
     return bookmark_states(root).run(batch_id, step) or []
 
 
-def _foreach(spec: BookmarkSpec, root: Path) -> Callable[[DataFrame, int], None]:
-    from pipeline.schemas import flatten_plan
-
-    plan = flatten_plan(spec.schema)
-
-    def run_batch(batch: DataFrame, batch_id: int) -> None:
-        with open_store(spec.store) as store:
-            process_batch(store, spec, plan, root, batch_id=batch_id, events=batch.toArrow())
-
-    return run_batch
-
-
-def _in_process(spec: BookmarkSpec, root: Path) -> Callable[[pa.Table, int], None]:
-    """`_foreach`'s batch on the events as Arrow, for a batch run without Spark."""
+def _process_events(spec: BookmarkSpec, root: Path) -> Callable[[pa.Table, int], None]:
+    """One batch's events (Arrow, the `sluice` source's columns) through `process_batch`: a
+    small backlog's batch run without Spark gets this directly (`in_process.py`)."""
     from pipeline.schemas import flatten_plan
 
     plan = flatten_plan(spec.schema)
@@ -415,6 +404,15 @@ def _in_process(spec: BookmarkSpec, root: Path) -> Callable[[pa.Table, int], Non
     def run_batch(events: pa.Table, batch_id: int) -> None:
         with open_store(spec.store) as store:
             process_batch(store, spec, plan, root, batch_id=batch_id, events=events)
+
+    return run_batch
+
+
+def _foreach(spec: BookmarkSpec, root: Path) -> Callable[[DataFrame, int], None]:
+    process = _process_events(spec, root)
+
+    def run_batch(batch: DataFrame, batch_id: int) -> None:
+        process(batch.toArrow(), batch_id)
 
     return run_batch
 
@@ -435,7 +433,7 @@ def bookmark(
 
     with Checkpoint(root, identity) as checkpoint:
         source = JobSource(spec.store, spec.stream)
-        small = events_batch(_in_process(spec, checkpoint.root / "bookmarks"))
+        small = events_batch(_process_events(spec, checkpoint.root / "bookmarks"))
         batches = run_query(
             spark, checkpoint, source, run=run, sink=sink, report=report, in_process=small
         )

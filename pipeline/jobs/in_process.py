@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline import durable
 from pipeline.streams import StreamCut, open_store
@@ -39,9 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Runs batch N (its id, its ranges) in this process; returns its counts ("events", and
-#: "rows" and "quarantined" when the sink has them).
-InProcessBatch = Callable[[int, "list[SegmentRange]"], dict[str, Any]]
+#: Runs batch N (its id, its ranges) in this process; returns its input rows, as Spark's
+#: progress counts them (range rows, or events); a sink with a ledger records the rest.
+InProcessBatch = Callable[[int, "list[SegmentRange]"], int]
 
 #: The default `RunOptions.in_process_bytes`: a backlog up to this many bytes runs without
 #: Spark (a catch-up of 100,000 NIC samples is about 4 MB).
@@ -69,10 +69,10 @@ def default_in_process_bytes() -> int:
 
 @dataclass(frozen=True, slots=True)
 class InProcessResult:
-    """What a batch run here did: its id, its counts and how long it took."""
+    """What a batch run here did: its id, its input rows and how long it took."""
 
     batch_id: int
-    stats: dict[str, Any]
+    input_rows: int
     duration_ms: int
 
 
@@ -82,7 +82,7 @@ def stream_writer_batch(format_name: str, options: dict[str, str]) -> InProcessB
     batch (`emit=ranges`), then the driver's `commit` with the batch id (the sink's ledger
     makes it exactly-once). Nothing of Spark is imported until a batch runs."""
 
-    def run(batch_id: int, ranges: list[SegmentRange]) -> dict[str, Any]:
+    def run(batch_id: int, ranges: list[SegmentRange]) -> int:
         from pyspark.sql.datasource import CaseInsensitiveDict
 
         from pipeline.spark.source import DATA_SOURCES
@@ -91,7 +91,7 @@ def stream_writer_batch(format_name: str, options: dict[str, str]) -> InProcessB
         writer = source.streamWriter(None, False)  # type: ignore[arg-type]
         message = writer.write(iter([range_rows(ranges)]))
         writer.commit([message], batch_id)
-        return _ledger_stats(options, batch_id)
+        return len(ranges)
 
     return run
 
@@ -100,7 +100,7 @@ def events_batch(process: Callable[[pa.Table, int], None]) -> InProcessBatch:
     """A batch of a `foreachBatch` job: its events as the Arrow table the job gets from
     Spark's `toArrow()` (the `sluice` source's event columns), then `process(events, id)`."""
 
-    def run(batch_id: int, ranges: list[SegmentRange]) -> dict[str, Any]:
+    def run(batch_id: int, ranges: list[SegmentRange]) -> int:
         import pyarrow as pa
 
         from pipeline.spark.reading import ARROW_SCHEMA, read_range
@@ -108,7 +108,7 @@ def events_batch(process: Callable[[pa.Table, int], None]) -> InProcessBatch:
         batches = [batch for part in ranges for batch in read_range(part)]
         events = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
         process(events, batch_id)
-        return {"events": events.num_rows}
+        return events.num_rows
 
     return run
 
@@ -152,13 +152,13 @@ def run_in_process(
     if not planned:
         write_offset_entry(spark_dir, last, batch_id, end)
     try:
-        stats = batch(batch_id, ranges)
+        input_rows = batch(batch_id, ranges)
     except Exception as exc:  # the batch stays planned: Spark re-runs it from the offset log
         log.warning("batch %d in this process failed (%s): Spark runs it", batch_id, exc)
         return None
     write_commit_entry(spark_dir, last, batch_id)
     duration = int((time.monotonic() - started) * 1000)
-    return InProcessResult(batch_id, stats, duration)
+    return InProcessResult(batch_id, input_rows, duration)
 
 
 def write_offset_entry(spark_dir: Path, last: int, batch_id: int, end: StreamCut) -> None:
@@ -177,11 +177,3 @@ def write_commit_entry(spark_dir: Path, last: int, batch_id: int) -> None:
     records only its watermark, which a `sluice` job does not use)."""
     text = (spark_dir / "commits" / str(last)).read_text()
     durable.write_text(spark_dir / "commits" / str(batch_id), text)
-
-
-def _ledger_stats(options: dict[str, str], batch_id: int) -> dict[str, Any]:
-    from pipeline.spark.ledger import BatchLedger
-
-    with BatchLedger(Path(options["state"])) as ledger:
-        record = ledger.get(batch_id)
-    return dict(record.stats or {}) if record is not None else {}

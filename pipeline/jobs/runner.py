@@ -381,15 +381,15 @@ def _in_process(
     )
     if result is None:
         return None
-    events = int(result.stats.get("events", 0))
+    events, rows, quarantined = _counts(checkpoint.ledger_path, result.batch_id, result.input_rows)
     return BatchReport(
         job=job,
         batch_id=result.batch_id,
         start_cut=start.text,
         end_cut=end.text,
         events=events,
-        rows=int(result.stats.get("rows", events)),
-        quarantined=int(result.stats.get("quarantined", 0)),
+        rows=rows,
+        quarantined=quarantined,
         lag_bytes=0,
         duration_ms=result.duration_ms,
         spark=False,
@@ -501,22 +501,29 @@ def _collect(
         if start is not None and start == end:
             continue  # an idle trigger: no batch ran
         start = start or first_start
-        stats = _ledger_stats(ledger, batch_id)
-        # A sink that reads the store itself (export) gets range rows: its ledger counts events.
-        events = int(stats["events"]) if "events" in stats else _input_rows(progress)
+        events, rows, quarantined = _counts(ledger, batch_id, _input_rows(progress))
         done = BatchReport(
             job=job,
             batch_id=batch_id,
             start_cut=start,
             end_cut=end,
             events=events,
-            rows=int(stats.get("rows", events)),
-            quarantined=int(stats.get("quarantined", 0)),
+            rows=rows,
+            quarantined=quarantined,
             lag_bytes=_lag(end, _cut(source.get("latestOffset"))),
             duration_ms=int(progress["batchDuration"]),
         )
         seen[batch_id] = done
         report(done)
+
+
+def _counts(ledger: Path | None, batch_id: int, input_rows: int) -> tuple[int, int, int]:
+    """A batch's events, rows and quarantined events: from the sink's ledger when it has
+    them, else its input rows (a sink that reads the store itself, as the export, gets range
+    rows: its ledger counts the events)."""
+    stats = _ledger_stats(ledger, batch_id)
+    events = int(stats["events"]) if "events" in stats else input_rows
+    return events, int(stats.get("rows", events)), int(stats.get("quarantined", 0))
 
 
 def _input_rows(progress: Any) -> int:

@@ -68,10 +68,17 @@ def wait_for_line(life: Life, text: str, timeout: float) -> float | None:
     return None
 
 
-def first_batch_through_spark(argv: list[str], env: dict[str, str]) -> None:
-    """Batch 0, Spark's (its standard error says so, as a later life's would)."""
-    life = run_to_completion([*argv, "--in-process-bytes", "0"], env)
-    assert any("starting Spark" in line for line in life.stderr), life.tail()
+def killed_then_finished(argv: list[str], env: dict[str, str], source: Source) -> None:
+    """Batch 0 through Spark (its standard error says so, as a later life's would), then
+    `KILLS` killed in-process lives, then one run to the end, none of which starts Spark."""
+    source.write(0)
+    first = run_to_completion([*argv, "--in-process-bytes", "0"], env)
+    assert any("starting Spark" in line for line in first.stderr), first.tail()
+    env = {**env, "SLUICE_IN_PROCESS_BYTES": str(1 << 20)}
+    seed = int(os.environ.get("SLUICE_CRASH_SEED", "0")) or None
+    assert kill_lives(argv, env, source, seed) >= KILLS
+    last = run_to_completion(argv, env)
+    assert not any("starting Spark" in line for line in last.stderr), last.tail()
 
 
 def kill_lives(argv: list[str], env: dict[str, str], source: Source, seed: int | None) -> int:
@@ -103,20 +110,13 @@ def kill_lives(argv: list[str], env: dict[str, str], source: Source, seed: int |
 
 
 def test_an_export_killed_in_its_in_process_batches_publishes_every_sample_once(tmp_path):
-    seed = int(os.environ.get("SLUICE_CRASH_SEED", "0")) or None
     source, output = Source(f"embedded:{tmp_path / 'edge'}"), tmp_path / "out"
     argv = [
         "--store", source.uri, "run", "export", "--stream", "edge/net",
         "--schema", "NetworkSamples", "--output", str(output), "--format", "parquet",
         "--checkpoint", str(tmp_path / "ck"),
     ]  # fmt: skip
-    env = job_env(tmp_path / "home")
-    source.write(0)
-    first_batch_through_spark(argv, env)
-    env["SLUICE_IN_PROCESS_BYTES"] = str(1 << 20)
-    assert kill_lives(argv, env, source, seed) >= KILLS
-    last = run_to_completion(argv, env)
-    assert not any("starting Spark" in line for line in last.stderr), last.tail()
+    killed_then_finished(argv, job_env(tmp_path / "home"), source)
 
     glob = f"{output}/parquet/date=*/hour=*/*.parquet"
     query = f"SELECT count(*), count(DISTINCT (_segment, _offset, _sample)) FROM '{glob}'"
@@ -126,19 +126,12 @@ def test_an_export_killed_in_its_in_process_batches_publishes_every_sample_once(
 
 @pytest.mark.parametrize("commit_mode", ["tasks", "driver"])
 def test_a_mirror_killed_in_its_in_process_batches_copies_every_event_once(tmp_path, commit_mode):
-    seed = int(os.environ.get("SLUICE_CRASH_SEED", "0")) or None
     source, cloud = Source(f"embedded:{tmp_path / 'edge'}"), f"embedded:{tmp_path / 'cloud'}"
     argv = [
         "--store", source.uri, "run", "mirror", "--stream", "edge/net", "--to", "cloud/net",
         "--to-store", cloud, "--commit-mode", commit_mode, "--checkpoint", str(tmp_path / "ck"),
     ]  # fmt: skip
-    env = job_env(tmp_path / "home")
-    source.write(0)
-    first_batch_through_spark(argv, env)
-    env["SLUICE_IN_PROCESS_BYTES"] = str(1 << 20)
-    assert kill_lives(argv, env, source, seed) >= KILLS
-    last = run_to_completion(argv, env)
-    assert not any("starting Spark" in line for line in last.stderr), last.tail()
+    killed_then_finished(argv, job_env(tmp_path / "home"), source)
 
     with open_store(source.uri) as edge, open_store(cloud) as target:
         sent = list(edge.read("edge/net"))

@@ -131,9 +131,13 @@ def pid_alive(pid: int) -> bool:
 
 
 def accepts(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether a server listens on `host:port`. A connection to itself does not count: with
+    nothing listening on a port of the ephemeral range, Linux may give the probe that very
+    port as its own and connect it to itself (TCP simultaneous open), which once made a
+    starting server look ready seconds before it was."""
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            return sock.getsockname() != sock.getpeername()
     except OSError:
         return False
 

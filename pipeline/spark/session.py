@@ -197,10 +197,40 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         # pandas; the Arrow paths Sluice uses do not go through pandas.
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
         url = remote_url(settings)
+        if url and settings.remote == AUTO:
+            return _attached_or_local(url, settings)
         active = attach(url) if url else local_session(settings)
     from pipeline.spark.source import register_sources
 
     register_sources(active)
+    return active
+
+
+def _attached_or_local(url: str, settings: SparkSettings) -> SparkSession:
+    """A session on the server found running at `url`, or a local one if that server stops
+    answering before anything ran on it (stopped or killed since it was found, or a restart
+    that died): a server found by `auto` is a speed-up, never a reason for a job to fail."""
+    from grpc import StatusCode
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    from pipeline.spark.source import register_sources
+
+    active = attach(url)
+    try:
+        register_sources(active)  # the session's first call to the server
+    except SparkConnectGrpcException as exc:
+        if exc.getGrpcStatusCode() != StatusCode.UNAVAILABLE:
+            raise
+        log.warning(
+            "the Spark Connect server at %s does not answer; starting a local Spark",
+            url.split("/;", maxsplit=1)[0],
+        )
+        active.stop()
+        # PySpark marks the process as a Connect client on attaching; a local session is
+        # refused while the mark is there.
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        active = local_session(settings)
+        register_sources(active)
     return active
 
 

@@ -69,6 +69,14 @@ class Life:
     def tail(self) -> str:
         return "".join(self.stderr[-40:])
 
+    def reported_a_batch(self, timeout: float) -> bool:
+        """Wait for the first batch's report; False at once if the process ended without one."""
+        deadline = time.monotonic() + timeout
+        while not self.first_batch.wait(timeout=0.5):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return self.first_batch.is_set()
+        return True
+
 
 def start(argv: list[str], env: dict[str, str]) -> Life:
     proc = subprocess.Popen(

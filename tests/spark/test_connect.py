@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -66,6 +67,20 @@ def test_attached_clients_counts_the_connections_to_a_port():
         assert connect.attached_clients(port) == 0
 
 
+def test_a_probe_connected_to_itself_is_not_a_listening_server(monkeypatch):
+    """With nothing listening on a port of the ephemeral range, Linux may hand a probe that
+    very port as its own and connect it to itself; a starting server then looked ready."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        assert connect.accepts(*listener.getsockname())
+    itself = socket.socket()
+    itself.bind(("127.0.0.1", 0))
+    port = itself.getsockname()[1]
+    itself.connect(("127.0.0.1", port))  # TCP simultaneous open: its own peer
+    assert itself.getpeername() == itself.getsockname()
+    monkeypatch.setattr(connect.socket, "create_connection", lambda *args, **kwargs: itself)
+    assert not connect.accepts("127.0.0.1", port)
+
+
 def test_a_group_whose_processes_are_zombies_is_not_alive():
     """Stopping a server waits for its process group; a JVM that exited but that its parent
     (another process, busy) has not reaped yet must not keep the stop waiting."""
@@ -100,6 +115,41 @@ def test_no_server_means_a_local_session(tmp_path, monkeypatch):
     assert connect.server_status(tmp_path)[0] == "stale"
     assert remote_url(SparkSettings()) is None
     assert remote_url(SparkSettings(remote="local")) is None
+
+
+def test_a_found_server_that_does_not_answer_means_a_local_session(tmp_path):
+    """A server found running that stops answering before the job's first call (stopped,
+    killed or restarted under it) costs the job its warm start, not its run."""
+    home = tmp_path / "home"
+    env = job_env(home)
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # accepts, then hangs up
+        port = listener.getsockname()[1]
+        state = connect.ServerState(
+            1, os.getpid(), "127.0.0.1", port, "t", sys.executable, str(connect.code_root()),
+            "local[2]", 2, "", "",
+        )  # fmt: skip
+        connect.write_state(home, state)
+        assert connect.running_server(home) is not None
+
+        def hang_up():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        script = (
+            "from pipeline.spark.session import is_remote, spark_session\n"
+            "spark = spark_session()\n"
+            "print(is_remote(spark), spark.range(5).count())\n"
+        )
+        argv = [sys.executable, "-c", script]
+        done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "5"]
+    assert "does not answer; starting a local Spark" in done.stderr
 
 
 def test_status_says_stopped_and_stop_is_a_no_op(tmp_path, monkeypatch, capsys):
@@ -166,6 +216,13 @@ def server(tmp_path):
         assert not connect.pid_alive(state.pid)
 
 
+def server_log(home: Path) -> str:
+    """The end of the server's log (both servers', when it was restarted), for a failure."""
+    log = connect.state_dir(home) / "connect.log"
+    text = log.read_text(errors="replace") if log.exists() else "(no server log)"
+    return "\n--- the Spark Connect server's log ---\n" + text[-6000:]
+
+
 def job(edge: str, cloud: str, tmp_path, *, export: bool = False, max_events: int = 0) -> list:
     if export:
         argv = ["--store", cloud, "run", "export", "--stream", "cloud/net"]
@@ -216,11 +273,12 @@ def test_jobs_attach_to_the_server_and_survive_its_kill(tmp_path, server):
     append(edge, 40, 120)
     recycling = {**env, "SLUICE_SPARK_SERVER_MAX_DAEMONS": str(held - 1)}
     life = start(job(edge, cloud, tmp_path, max_events=20), recycling)
-    assert life.first_batch.wait(timeout=300), life.tail()
+    assert life.reported_a_batch(timeout=300), life.tail() + server_log(home)
     assert "restarting the Spark Connect server" in "".join(life.stderr), life.tail()
+    assert "starting a local Spark" not in "".join(life.stderr), life.tail() + server_log(home)
     assert not connect.pid_alive(state.pid)
     state = connect.ServerState.read(connect.state_path(home))
-    assert connect.pid_alive(state.pid)
+    assert connect.pid_alive(state.pid), server_log(home)
     os.killpg(state.pid, signal.SIGKILL)
     deadline = time.monotonic() + 120
     while life.proc.poll() is None and time.monotonic() < deadline:

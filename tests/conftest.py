@@ -58,6 +58,13 @@ def _sluice_home(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def product_defaults(monkeypatch):
+    """The product's defaults where the suite pins them: for the tests that run Sluice end to
+    end as a user does (`make demo`, the deployment), small backlogs run in process."""
+    monkeypatch.delenv("SLUICE_IN_PROCESS_BYTES")
+
+
+@pytest.fixture
 def store_dir(tmp_path):
     return tmp_path / "streams"
 

@@ -48,6 +48,7 @@ def test_collectors_of_sluice_toml_become_collector_variables(_sluice_home):
 
 @pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.usefixtures("product_defaults")
 def test_make_demo_short(_sluice_home):
     """What `make demo DEMO_ARGS=--short` runs: the warm Spark (`sluice spark start`), the
     demo attached to it, the warm Spark stopped."""

@@ -117,24 +117,42 @@ class ServerError(SluiceError):
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs: a zombie (exited, not reaped yet) does not; one
+    whose main thread ended while other threads still run does (`_threads_alive`)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie (our own child, not reaped yet) is not a server
-        stat = Path(f"/proc/{pid}/stat").read_text()
+    return _threads_alive(Path(f"/proc/{pid}"), default=True)
+
+
+def _threads_alive(proc: Path, *, default: bool = False) -> bool:
+    """Whether a thread of the process at `proc` (`/proc/PID`) still runs. Its main thread's
+    `stat` is not enough: a JVM ending reads as a zombie (`Z`) once its main thread is gone,
+    while its other threads still tear down and hold its files, the server's listening socket
+    among them; a connect to that port then still succeeds, as the kernel completes
+    handshakes for a listening socket no one accepts on. `default` when `/proc` cannot say."""
+    try:
+        tasks = list((proc / "task").iterdir())
     except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+        return default
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if state not in ("Z", "X"):
+            return True
+    return False
 
 
 def accepts(host: str, port: int, timeout: float = 0.5) -> bool:
     """Whether a server listens on `host:port`. A connection to itself does not count: with
-    nothing listening on a port of the ephemeral range, Linux may give the probe that very
-    port as its own and connect it to itself (TCP simultaneous open), which once made a
-    starting server look ready seconds before it was."""
+    nothing listening on a port of the ephemeral range (where a server's port comes from),
+    Linux may give the probe that very port as its own and connect it to itself (TCP
+    simultaneous open)."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             return sock.getsockname() != sock.getpeername()
@@ -312,9 +330,11 @@ def _proc_stats() -> Iterator[tuple[Path, list[str]]]:
 
 
 def _group_alive(group: int) -> bool:
-    """Whether a process of the group still runs (a zombie does not: its parent, maybe not
-    this process, has yet to reap it)."""
-    return any(f[2] == str(group) and f[0] != "Z" for _, f in _proc_stats())
+    """Whether a process of the group still runs: a zombie does not (its parent, maybe not
+    this process, has yet to reap it), unless threads of it still run (`_threads_alive`)."""
+    return any(
+        f[2] == str(group) and (f[0] != "Z" or _threads_alive(proc)) for proc, f in _proc_stats()
+    )
 
 
 def _reap(pid: int) -> None:

@@ -40,6 +40,7 @@ from tests.docker.test_processes import VENV_BIN, as_run_here, free_port, graphq
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(1800),  # two catch-up runs (five Spark steps) on a loaded machine
+    pytest.mark.usefixtures("product_defaults"),  # as deployed: small backlogs in process
     # DagsterGraphQLClient calls gql the old way (upstream; harmless)
     pytest.mark.filterwarnings("ignore:Using variable_values:DeprecationWarning"),
 ]

@@ -69,7 +69,7 @@ def test_attached_clients_counts_the_connections_to_a_port():
 
 def test_a_probe_connected_to_itself_is_not_a_listening_server(monkeypatch):
     """With nothing listening on a port of the ephemeral range, Linux may hand a probe that
-    very port as its own and connect it to itself; a starting server then looked ready."""
+    very port as its own and connect it to itself: a starting server would look ready."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         assert connect.accepts(*listener.getsockname())
     itself = socket.socket()
@@ -100,6 +100,39 @@ def test_a_group_whose_processes_are_zombies_is_not_alive():
         sleeper.kill()
         sleeper.wait()
         done.wait()
+
+
+def test_a_process_whose_main_thread_ended_is_alive_while_its_threads_hold_its_port():
+    """A JVM being stopped reads as a zombie once its main thread is gone, while its other
+    threads still tear down and hold the server's listening socket: the port still completes
+    connections. Stopping must wait for those threads, or a restart on the same port finds
+    the old socket "ready" (the CI failure of a restart that was refused seconds later)."""
+    script = (
+        "import ctypes, socket, sys, threading, time\n"
+        "server = socket.create_server(('127.0.0.1', 0))\n"
+        "print(server.getsockname()[1], flush=True)\n"
+        "threading.Thread(target=time.sleep, args=(3,)).start()\n"
+        "ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process goes on\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        port = int(proc.stdout.readline())
+        stat = Path(f"/proc/{proc.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the main thread did not end"
+            time.sleep(0.02)
+        assert connect.accepts("127.0.0.1", port), "the socket still listens"
+        assert connect.pid_alive(proc.pid)
+        assert connect._group_alive(proc.pid)
+        connect._terminate(proc.pid)  # what a stop does: returns once every thread ended
+        assert not connect._group_alive(proc.pid)
+        assert not connect.accepts("127.0.0.1", port)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_no_server_means_a_local_session(tmp_path, monkeypatch):

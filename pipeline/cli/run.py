@@ -104,8 +104,7 @@ def common_options() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="mirror, export, bookmark, console until caught up: a backlog of at most N bytes "
-        "runs as "
-        "one batch in this process, without Spark; 0: always Spark (default "
+        "runs as one batch in this process, without Spark; 0: always Spark (default "
         f"${IN_PROCESS_ENV}, else {IN_PROCESS_BYTES >> 20} MiB)",
     )
     return common

@@ -138,14 +138,8 @@ def _threads_alive(proc: Path, *, default: bool = False) -> bool:
         tasks = list((proc / "task").iterdir())
     except OSError:
         return default
-    for task in tasks:
-        try:
-            state = (task / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        if state not in ("Z", "X"):
-            return True
-    return False
+    states = (_stat_fields(task / "stat")[:1] for task in tasks)  # [] for a thread gone since
+    return any(state and state[0] not in ("Z", "X") for state in states)
 
 
 def accepts(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -321,12 +315,17 @@ def _proc_stats() -> Iterator[tuple[Path, list[str]]]:
     """Each process's `/proc/PID` directory and the fields of its `stat` after the command
     name (state, ppid, pgrp, …); a process gone meanwhile is skipped."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
+        fields = _stat_fields(stat)
         if len(fields) > 2:
             yield stat.parent, fields
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a `/proc/…/stat` file after the command name; [] if it is gone."""
+    try:
+        return stat.read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return []
 
 
 def _group_alive(group: int) -> bool:

@@ -81,6 +81,14 @@ def test_a_probe_connected_to_itself_is_not_a_listening_server(monkeypatch):
     assert not connect.accepts("127.0.0.1", port)
 
 
+def wait_for_zombie(pid: int) -> None:
+    """Until `/proc/PID/stat` says `Z`: the process's main thread has ended."""
+    deadline = time.monotonic() + 30
+    while connect._stat_fields(Path(f"/proc/{pid}/stat"))[:1] != ["Z"]:
+        assert time.monotonic() < deadline, f"process {pid} did not become a zombie"
+        time.sleep(0.02)
+
+
 def test_a_group_whose_processes_are_zombies_is_not_alive():
     """Stopping a server waits for its process group; a JVM that exited but that its parent
     (another process, busy) has not reaped yet must not keep the stop waiting."""
@@ -90,11 +98,7 @@ def test_a_group_whose_processes_are_zombies_is_not_alive():
     done = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     try:
         assert connect._group_alive(sleeper.pid)
-        stat = Path(f"/proc/{done.pid}/stat")
-        deadline = time.monotonic() + 30
-        while stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z":
-            assert time.monotonic() < deadline, "the child did not exit"
-            time.sleep(0.05)
+        wait_for_zombie(done.pid)
         assert not connect._group_alive(done.pid)
     finally:
         sleeper.kill()
@@ -119,11 +123,7 @@ def test_a_process_whose_main_thread_ended_is_alive_while_its_threads_hold_its_p
     )
     try:
         port = int(proc.stdout.readline())
-        stat = Path(f"/proc/{proc.pid}/stat")
-        deadline = time.monotonic() + 30
-        while stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z":
-            assert time.monotonic() < deadline, "the main thread did not end"
-            time.sleep(0.02)
+        wait_for_zombie(proc.pid)  # its main thread ended
         assert connect.accepts("127.0.0.1", port), "the socket still listens"
         assert connect.pid_alive(proc.pid)
         assert connect._group_alive(proc.pid)

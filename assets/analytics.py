@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from assets.keys import ANALYTICS_GROUP, ANALYTICS_KEY
+from assets.keys import ANALYTICS_GROUP, ANALYTICS_KEY, ANALYTICS_POOL
 from pipeline.analytics.catalog import refresh
 from pipeline.analytics.plot import plot_rates
 from pipeline.analytics.snapshots import collect_slices, snapshot_slices
@@ -53,6 +53,9 @@ def analytics_asset(
         deps=list(upstream),
         group_name=ANALYTICS_GROUP,
         kinds={"duckdb"},
+        # one refresh at a time, however launched (the views' sensor, eager(), the UI): a
+        # second writer of the database would fail on DuckDB's file lock
+        pool=ANALYTICS_POOL,
         # with the daemon running, the views follow their upstream (blocking checks first)
         automation_condition=dg.AutomationCondition.eager(),
         description="The analysts' DuckDB database: views over every export (samples, rates, "

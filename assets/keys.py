@@ -46,6 +46,8 @@ def replay_key(family: StreamFamily, model_name: str) -> dg.AssetKey:
 
 ANALYTICS_KEY = dg.AssetKey(["analytics", "duckdb_views"])
 ANALYTICS_GROUP = "analytics"
+#: The analytics views' pool (one slot): DuckDB lets one process at a time write the database.
+ANALYTICS_POOL = "sluice_analytics"
 
 # --- jobs, schedules, sensors -------------------------------------------------------------
 

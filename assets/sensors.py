@@ -246,9 +246,15 @@ def evaluate_views(
     if newest is None:
         return dg.SensorResult(skip_reason="the views are current")
     unfinished = context.instance.get_run_records(dg.RunsFilter(statuses=UNFINISHED))
-    if any(views in (r.dagster_run.asset_selection or ()) for r in unfinished):
+    if any(_refreshes(r.dagster_run, views, job) for r in unfinished):
         return dg.SensorResult(skip_reason="a refresh of the views is under way")
     return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"{job}:{newest}", job_name=job)])
+
+
+def _refreshes(run: dg.DagsterRun, views: dg.AssetKey, job: str) -> bool:
+    """Whether `run` refreshes the views: a run of the refresh job (whose runs carry no asset
+    selection: the job selects the views alone) or one that selected them (eager(), the UI)."""
+    return run.job_name == job or views in (run.asset_selection or ())
 
 
 def views_sensor(

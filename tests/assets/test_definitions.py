@@ -79,6 +79,8 @@ def test_the_names_the_deployment_relies_on(settings):
     assert pools["export_network"] == "sluice_export_network"
     assert pools["network__slices"] == "sluice_bookmark_network"
     assert catch_up.tags["sluice/exclusive"] == "catch_up/network"
+    refresh = defs.resolve_job_def("refresh_analytics")
+    assert [n.definition.pool for n in refresh.graph.nodes] == ["sluice_analytics"]
     sensors = {sensor.name for sensor in defs.sensors}
     assert {"edge_tail_sensor", "new_slices_sensor", "streaming_service_progress"} <= sensors
 

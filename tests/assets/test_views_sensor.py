@@ -22,6 +22,9 @@ def views() -> None:
     return None
 
 
+REFRESH = dg.define_asset_job("refresh", selection=dg.AssetSelection.assets(VIEWS))
+
+
 def decide(instance: dg.DagsterInstance) -> dg.SensorResult:
     context = dg.build_sensor_context(instance=instance)
     return evaluate_views(context, VIEWS, [UP], "refresh")
@@ -63,3 +66,29 @@ def test_the_race_eager_misses_is_refreshed():
         result = tick(result.cursor)
         assert result.total_requested == 0  # eager() lets it go
         assert len(decide(instance).run_requests) == 1  # the sensor does not
+
+
+def test_no_second_refresh_while_one_is_under_way():
+    """A run of the refresh job carries no asset selection (its job selects the views alone):
+    the sensor once took it for none under way, and launched a second refresh beside it."""
+    with dg.instance_for_test() as instance:  # (resolving a job reads the current instance)
+        defs = dg.Definitions(assets=[up, views], jobs=[REFRESH])
+        refresh_job = defs.resolve_job_def("refresh")
+        dg.materialize([up], instance=instance)
+        assert len(decide(instance).run_requests) == 1
+        for status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTED):
+            run = instance.create_run_for_job(refresh_job, status=status)
+            assert run.asset_selection is None  # what the sensor used to look at, alone
+            result = decide(instance)
+            assert result.run_requests == []
+            assert result.skip_reason.skip_message == "a refresh of the views is under way"
+            instance.report_run_canceled(run)
+        assert len(decide(instance).run_requests) == 1  # once it is over, the refresh is due
+
+        picked = instance.create_run_for_job(  # a materialization picked in the UI, eager()
+            defs.resolve_implicit_global_asset_job_def(),
+            asset_selection=frozenset({VIEWS}),
+            status=dg.DagsterRunStatus.NOT_STARTED,
+        )
+        assert decide(instance).run_requests == []
+        instance.report_run_canceled(picked)

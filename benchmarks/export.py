@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from operator import attrgetter
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,12 +26,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import simdjson
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 from pipeline.durable import fsync_path
 from pipeline.schemas import FlattenPlan, flatten, flatten_plan
-from pipeline.schemas.flatten import _parsed_numbers  # the stage timed on its own
+from pipeline.schemas.flatten import _read_whole  # the stage timed on its own
 from pipeline.spark.export_writer import by_hour, export_task, parquet_options, range_events
 from pipeline.spark.options import ExportOptions
 from pipeline.spark.reading import RANGE_ARROW
@@ -140,27 +138,28 @@ def profile(uri: str, stream: str, root: Path, rounds: int) -> list[Stage]:
 def task_pass(
     plan: FlattenPlan, uri: str, stream: str, span: tuple[int, int], out: Path
 ) -> dict[str, float]:
-    """A task's loop over its chunks, each stage timed (CPU) as it runs: read a chunk; decode
-    its events with msgspec, and parse its number arrays into buffers with simdjson, each also
-    done on its own to time it; flatten it (`flatten` less those two is the rest of it); split
-    by hour; write each hour's rows to that hour's file (the export's Parquet options) and, to
-    time zstd, again to a file without compression; then close the files and fsync the
-    task's ones and their directory (wall)."""
+    """A task's loop over its chunks, each stage timed (CPU) as it runs: read a chunk; parse
+    its events whole with simdjson (the flatten's `_read_whole`, also done on its own to time
+    it); flatten it (`flatten` less that parse is the rest of it); split by hour; write each
+    hour's rows to that hour's file (the export's Parquet options) and, to time zstd, again to
+    a file without compression; then close the files and fsync the task's ones and their
+    directory (wall)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     spent: dict[str, float] = dict.fromkeys(PROFILE_STAGES, 0.0)
     files: dict[tuple[str, int], pq.ParquetWriter] = {}
     chunks = range_events(uri, stream, 0, span)
     while (chunk := timed_stage(spent, "read", next, chunks, None)) is not None:
-        decoded = timed_stage(spent, "decode", list, map(plan.fast.decode, chunk.payloads))
-        timed_stage(spent, "parse", parse_numbers, plan, decoded)
+        if timed_stage(spent, "parse", _read_whole, plan, chunk.payloads) is None:
+            msg = "the benchmark's events are not read whole: the profile would mislead"
+            raise SystemExit(msg)
         result = timed_stage(spent, "rest", flatten, plan, chunk, dictionary=True)
         parts = timed_stage(spent, "split", list, by_hour(result.rows, result.time_ns))
         for hour, part in parts:
             for kind, stage in (("zstd", "zstd"), ("none", "encode")):
                 writer = files.get((kind, hour)) or open_file(files, plan, out, (kind, hour), part)
                 timed_stage(spent, stage, writer.write_table, part)
-    spent["rest"] -= spent["decode"] + spent["parse"]
+    spent["rest"] -= spent["parse"]
     spent["zstd"] -= spent["encode"]
     started = time.perf_counter()
     for (kind, hour), writer in files.items():
@@ -175,8 +174,7 @@ def task_pass(
 
 PROFILE_STAGES = {
     "read": "read the range from the store",
-    "decode": "flatten: JSON decode (msgspec; number arrays kept as text)",
-    "parse": "flatten: number arrays parsed into buffers (simdjson)",
+    "parse": "flatten: events parsed whole, scalars and number arrays (simdjson)",
     "rest": "flatten: the rest (counts, checks, Arrow arrays, dictionaries)",
     "split": "split the rows by event hour",
     "encode": "Parquet: encoding and statistics",
@@ -191,15 +189,6 @@ def timed_stage(spent: dict[str, float], stage: str, run: Callable[..., R], *arg
     result = run(*args, **kw)
     spent[stage] += time.process_time() - started
     return result
-
-
-def parse_numbers(plan: FlattenPlan, decoded: list) -> list:
-    """Each number array of the events parsed into one buffer, by the flatten's own code."""
-    parser = simdjson.Parser()
-    return [
-        _parsed_numbers(parser, list(map(attrgetter(".".join(path)), decoded)), avro)
-        for path, avro in plan.number_arrays.items()
-    ]
 
 
 def open_file(

@@ -1,14 +1,17 @@
 """Flatten a batch of JSON events into Arrow rows through a `FlattenPlan`; quarantine the bad.
 
-Runs in Spark executors and must be fast: msgspec decodes each event into a typed struct whose
-number arrays stay raw JSON text, and simdjson parses each such array straight into a buffer of
-machine numbers; anything unusual sends the batch event by event, through a strict decoder
-where needed, which gives the exact answer, the same as the fast path would. An event that is not
+Runs in Spark executors and must be fast: simdjson parses each event whole, its scalars
+checked as msgspec would decode them and its number arrays turned straight into buffers of
+machine numbers; where the plan or an event needs more, msgspec decodes each event into a typed
+struct whose number arrays stay raw JSON text, which simdjson then parses; anything unusual
+sends the batch event by event, through a strict decoder where needed, which gives the exact
+answer, the same as the fast paths would. An event that is not
 UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays is quarantined
 with its payload, position and reason, never dropped (`DESIGN.md`)."""
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -182,28 +185,146 @@ def _all_at_once(plan: FlattenPlan, payloads: Sequence[bytes | None]) -> _Good |
     """Every event at once, column by column (`DESIGN.md`, "All at once"), or None when any
     event needs a closer look: the batch then goes one event at a time, which gives the same
     rows for the good events and a reason for each bad one."""
-    if not payloads or not _columnar(plan):
+    if not _batchable(plan, payloads):
         return None
+    good = _read_whole(plan, payloads)
+    return good if good is not None else _decoded_at_once(plan, payloads)
+
+
+def _batchable(plan: FlattenPlan, payloads: Sequence[bytes | None]) -> bool:
+    """Whether a batch may go all at once: the plan's arrays all of numbers, every event
+    UTF-8 and its arrays flat."""
+    if not payloads or not _columnar(plan):
+        return False
     for payload in payloads:
         if payload is None or not (payload.isascii() or _utf8(payload)):
-            return None
+            return False
+    return _flat_arrays(plan, payloads)
+
+
+def _decoded_at_once(plan: FlattenPlan, payloads: Sequence[bytes]) -> _Good | None:
+    """Each event decoded by msgspec (its number arrays kept as raw text), each scalar column
+    gathered, each array parsed by simdjson."""
     try:
         decoded = [plan.fast.decode(payload) for payload in payloads]
         scalars = {c.name: _scalars(c, decoded) for c in plan.columns if c.kind == "scalar"}
     except (msgspec.DecodeError, msgspec.ValidationError, _FastPathMiss):
         return None
-    if not _flat_arrays(plan, payloads):
-        return None
-    counts = np.ones(len(payloads), dtype=np.int64)  # an event without arrays is one row
-    numbers: dict[tuple[str, ...], np.ndarray] = {}
     parser = simdjson.Parser()
+    buffers: dict[tuple[str, ...], list[memoryview]] = {}
     for path, avro in plan.number_arrays.items():
-        parsed = _parsed_numbers(parser, [_get(obj, path) for obj in decoded], avro)
-        if parsed is None or (numbers and not np.array_equal(parsed[1], counts)):
+        raws = [_get(obj, path) for obj in decoded]
+        if not all(isinstance(raw, msgspec.Raw) for raw in raws):
+            return None  # an optional array: decoded as a list or None
+        try:
+            buffers[path] = [_number_buffer(parser, raw, avro) for raw in raws]
+        except _FastPathMiss:
             return None
-        numbers[path], counts = parsed
+    return _gathered(plan, len(payloads), scalars, buffers)
+
+
+def _gathered(
+    plan: FlattenPlan,
+    events: int,
+    scalars: dict[str, list],
+    buffers: dict[tuple[str, ...], list[memoryview]],
+) -> _Good | None:
+    """The batch from each scalar column's values and each number array's buffers (one per
+    event, `_number_buffer`'s): each array's buffers joined, so the values come out
+    concatenated and each event's count is its buffer's size; None when the parallel arrays'
+    counts differ or a value does not fit its Avro type."""
+    counts = np.ones(events, dtype=np.int64)  # an event without arrays is one row
+    numbers: dict[tuple[str, ...], np.ndarray] = {}
+    for path, avro in plan.number_arrays.items():
+        joined = _joined(buffers[path], avro)
+        if joined is None or (numbers and not np.array_equal(joined[1], counts)):
+            return None
+        numbers[path], counts = joined
     samples = {c.name: _typed(c, numbers[c.array_path]) for c in plan.columns if c.kind == "sample"}
-    return _Good(np.arange(len(payloads), dtype=np.int64), counts, scalars, samples)
+    return _Good(np.arange(events, dtype=np.int64), counts, scalars, samples)
+
+
+#: The Avro types of the scalars `_read_whole` reads, as simdjson gives them (`type(value)`).
+_WHOLE = {"string": str, "boolean": bool, "int": int, "long": int, "double": float, "float": float}
+_RANGE = {"int": (_I32.min, _I32.max), "long": (-(2**63), 2**63 - 1)}
+
+
+def _read_whole(plan: FlattenPlan, payloads: Sequence[bytes]) -> _Good | None:
+    """Every event parsed once, whole, by simdjson (its scalars and its number arrays), when
+    the plan's scalars are all required strings, booleans and numbers at plain JSON names;
+    None when the plan or any event needs more (then msgspec decodes the batch).
+
+    It gives what msgspec's decode and the arrays' parse give, without msgspec's pass over
+    every byte of the arrays, which it only skips (`DESIGN.md`, "Whole events"): each value
+    must have its type exactly (an int is no bool; a long, an int fit their ranges; a double
+    takes a whole number too), and an object with a key twice goes to msgspec (it keeps the
+    last, simdjson the first)."""
+    scalars = [c for c in plan.columns if c.kind == "scalar"]
+    paths = [c.path for c in scalars] + list(plan.number_arrays)
+    if not all(c.avro in _WHOLE and not c.nullable for c in scalars) or not all(
+        _plain_name(name) for path in paths for name in path
+    ):
+        return None
+    values: dict[str, list] = {c.name: [] for c in scalars}
+    buffers: dict[tuple[str, ...], list] = {path: [] for path in plan.number_arrays}
+    parser = simdjson.Parser()
+    try:
+        for payload in payloads:
+            doc = parser.parse(payload)
+            _unique_keys(doc)
+            for column in scalars:
+                value = _scalar_at(doc, column)
+                if value is None:
+                    return None
+                values[column.name].append(value)
+            for path, avro in plan.number_arrays.items():
+                array = _member(doc, path)
+                if not isinstance(array, simdjson.Array):
+                    return None
+                buffers[path].append(memoryview(array.as_buffer(of_type=_BUFFER[avro])))
+                del array
+            del doc  # (simdjson refuses to parse again while a value of the last parse lives)
+    except (TypeError, ValueError, RuntimeError, KeyError):  # not an object, a bad value
+        return None
+    return _gathered(plan, len(payloads), values, buffers)
+
+
+def _plain_name(name: str) -> bool:
+    """Whether a path's attribute is the JSON name itself (`plan._attr` renames keywords)."""
+    return not (name.endswith("_") and keyword.iskeyword(name[:-1]))
+
+
+def _member(doc: Any, path: tuple[str, ...]) -> Any:
+    """The value at `path` of a parsed event (the event checked by `_unique_keys` already),
+    each object below it checked on the way; `KeyError` when it is missing."""
+    obj = doc
+    for depth, name in enumerate(path):
+        if depth:
+            _unique_keys(obj)
+        obj = obj[name]
+    return obj
+
+
+def _unique_keys(obj: Any) -> None:
+    """`TypeError` for a value that is not an object, `KeyError` for one with a key twice."""
+    if not isinstance(obj, simdjson.Object):
+        raise TypeError(obj)
+    if len(set(obj.keys())) != len(obj):
+        raise KeyError(obj)
+
+
+def _scalar_at(doc: Any, column: Column) -> Any:
+    """A scalar's value as msgspec decodes it, or None when only msgspec can say."""
+    value = _member(doc, column.path)
+    kind = type(value)
+    if kind is _WHOLE[column.avro]:
+        if kind is int:
+            low, high = _RANGE[column.avro]
+            return value if low <= value <= high else None
+        return value
+    if kind is int and column.avro in ("double", "float"):
+        return float(value)  # as msgspec reads a whole number as a float (`-0` too: 0.0)
+    return None
 
 
 def _columnar(plan: FlattenPlan) -> bool:
@@ -253,19 +374,9 @@ def _holds(text: bytes, char: bytes, times: int) -> bool:
     return text.find(char, at + 1) < 0
 
 
-def _parsed_numbers(
-    parser: simdjson.Parser, raws: list, avro: str
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each event's JSON array of numbers (raw text, already checked as JSON by msgspec, and
-    flat) parsed into a buffer: the values of every event concatenated and each event's
-    count, or None when an event's array is not raw text (an optional array) or holds
-    anything `_number_buffer` refuses."""
-    if not all(isinstance(raw, msgspec.Raw) for raw in raws):
-        return None  # an optional array: decoded as a list or None
-    try:
-        buffers = [_number_buffer(parser, raw, avro) for raw in raws]
-    except _FastPathMiss:
-        return None
+def _joined(buffers: list[memoryview], avro: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each event's buffer of numbers joined: the values and each event's count, or None
+    when a value does not fit the Avro type (`_plain`)."""
     counts = np.fromiter((b.nbytes for b in buffers), dtype=np.int64, count=len(buffers)) // 8
     values = np.frombuffer(b"".join(buffers), dtype=_NP[avro])
     if not _plain(values, avro):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +15,9 @@ from hypothesis import strategies as st
 
 from pipeline.schemas import Events, flatten, flatten_plan, parse_schema_text
 from pipeline.schemas.plan import FlattenPlan
+
+#: The module (the package exports a function of the same name).
+flatten_module = importlib.import_module("pipeline.schemas.flatten")
 
 
 def nic_event(i: int, n: int = 4, **extra) -> dict:
@@ -530,3 +535,137 @@ def test_dictionary_columns_hold_each_distinct_value_once(nic):
         for name in ("RemoteAddr", "Interface", "_segment", "_offset")
     }
     assert sizes == {"RemoteAddr": 1, "Interface": 2, "_segment": 1, "_offset": 3}
+
+
+# --- whole events: simdjson reads the scalars as msgspec decodes them ---------------------------
+
+SCALARS = {
+    "type": "record",
+    "name": "Scalars",
+    "fields": [
+        {"name": "Name", "type": "string"},
+        {"name": "On", "type": "boolean"},
+        {"name": "Small", "type": "int"},
+        {"name": "Big", "type": "long"},
+        {"name": "Level", "type": "double"},
+        {"name": "Gain", "type": "float"},
+        {
+            "name": "Where",
+            "type": {
+                "type": "record",
+                "name": "Where",
+                "fields": [
+                    {"name": "Site", "type": "string"},
+                    {"name": "Lat", "type": "double"},
+                ],
+            },
+        },
+        {"name": "T", "type": {"type": "array", "items": "long"}},
+        {"name": "V", "type": {"type": "array", "items": "double"}},
+    ],
+}
+OTHERS = st.sampled_from(["null", "true", "1", "1.0", '"1"', "[]", "{}"])
+PLAIN_STRINGS = st.one_of(
+    st.text().map(json.dumps),
+    st.text().map(lambda s: json.dumps(s, ensure_ascii=False)),
+    st.sampled_from(['"a"', '"\\u00e9\\ud83d\\ude00"', '"tab\\there"']),
+)
+#: Each scalar of `SCALARS` as JSON text, as a collector writes it.
+PLAIN = {
+    "Name": PLAIN_STRINGS,
+    "On": st.sampled_from(["true", "false"]),
+    "Small": st.integers(-(2**31), 2**31 - 1).map(str),
+    "Big": PLAIN_LONGS,
+    "Level": st.one_of(
+        PLAIN_DOUBLES, st.sampled_from(["0", "-0", "1", "-0.0", "9007199254740993", "1" * 30])
+    ),
+    "Gain": PLAIN_DOUBLES,
+}
+#: ... and as it should not: a wrong type, out of range, not JSON (a lone surrogate).
+AWKWARD = {
+    "Name": st.one_of(OTHERS, st.just('"\\ud800"')),
+    "On": st.sampled_from(["0", "1", "null", '"true"']),
+    "Small": st.one_of(
+        st.sampled_from(["-0", "1.0", "true", "2147483648", "-2147483649"]),
+        st.integers(-(2**40), 2**40).map(str),
+    ),
+    "Big": LONGS,
+    "Level": st.one_of(DOUBLES, OTHERS),
+    "Gain": st.one_of(DOUBLES, OTHERS),
+}
+CHANGES = ["none"] * 5 + ["awkward", "awkward", "missing", "twice", "unknown", "where"]
+
+
+@st.composite
+def scalar_events(draw: st.DrawFn) -> bytes:
+    """An event of `SCALARS` as JSON text: plain, or with one change: a scalar awkward, a
+    field missing, twice (another value: msgspec keeps the last) or unknown, or `Where` not
+    an object, missing a field or with a key twice."""
+    fields = {name: draw(text) for name, text in PLAIN.items()}
+    site, lat = draw(PLAIN_STRINGS), draw(PLAIN_DOUBLES)
+    fields["Where"] = f'{{"Site":{site},"Lat":{lat}}}'
+    size = draw(st.integers(0, 3))
+    fields["T"] = "[" + ",".join(str(10 * k) for k in range(size)) + "]"
+    fields["V"] = "[" + ",".join(f"{k}.5" for k in range(size)) + "]"
+    items = list(fields.items())
+    change, name = draw(st.sampled_from(CHANGES)), draw(st.sampled_from(sorted(fields)))
+    scalar = draw(st.sampled_from(sorted(PLAIN)))
+    if change == "awkward":
+        fields[scalar] = draw(AWKWARD[scalar])
+        items = list(fields.items())
+    elif change == "missing":
+        items = [(k, v) for k, v in items if k != name]
+    elif change == "twice":
+        items.append((scalar, draw(st.one_of(PLAIN[scalar], AWKWARD[scalar]))))
+    elif change == "unknown":
+        items.insert(draw(st.integers(0, len(items))), ("Unknown", draw(PLAIN_STRINGS)))
+    elif change == "where":
+        fields["Where"] = draw(
+            st.sampled_from(
+                [
+                    f'{{"Lat":{lat},"Site":{site},"Extra":{{"x":null}}}}',
+                    f'{{"Site":{site},"Lat":{lat},"Site":"again"}}',
+                    f'{{"Site":{site}}}',
+                    "null",
+                ]
+            )
+        )
+        items = list(fields.items())
+    return ("{" + ",".join(f'"{k}":{v}' for k, v in items) + "}").encode()
+
+
+def without_whole_events(plan: FlattenPlan, payloads: list[bytes]):
+    """The batch flattened with msgspec's decode and the arrays' parse, as before whole
+    events were read."""
+    with mock.patch.object(flatten_module, "_read_whole", lambda plan, payloads: None):
+        return flatten(plan, events_of(payloads))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(scalar_events(), min_size=1, max_size=3))
+def test_whole_events_read_the_scalars_as_msgspec_decodes_them(payloads):
+    """Whatever the scalars hold, the batch gives the rows (repr: -0.0 is not 0.0), event times
+    and quarantine it gives without whole events, and those of its events one at a time."""
+    plan = plan_of(SCALARS)
+    batch, before = flatten(plan, events_of(payloads)), without_whole_events(plan, payloads)
+    assert repr(batch.rows.to_pylist()) == repr(before.rows.to_pylist())
+    assert batch.time_ns.tolist() == before.time_ns.tolist()
+    assert batch.quarantine.to_pylist() == before.quarantine.to_pylist()
+    one_bad_event_changes_nothing_for_the_others(plan, payloads)
+
+
+def test_plain_events_are_read_whole(nic):
+    """The path the export takes for the bundled schemas' events (and `SCALARS`' plain ones)."""
+    payloads = encode(nic_event(0), nic_event(1, Extra={"a": [1, 2]}))
+    assert flatten_module._read_whole(nic, payloads) is not None
+    plain = {
+        "Name": "n", "On": True, "Small": -5, "Big": 2**62, "Level": 3, "Gain": 0.5,
+        "Where": {"Site": "s", "Lat": 1.5}, "T": [1, 2], "V": [0.5, 1],
+    }  # fmt: skip
+    scalars = plan_of(SCALARS)
+    assert flatten_module._read_whole(scalars, encode(plain)) is not None
+    rows = flatten(scalars, events_of(encode(plain))).rows.to_pylist()
+    expected = [(3.0, 1.5, 0.5), (3.0, 1.5, 1.0)]
+    assert [(r["Level"], r["Where_Lat"], r["V"]) for r in rows] == expected
+    for awkward in ({**plain, "Where": None}, {**plain, "On": 1}, {**plain, "Small": 2**31}):
+        assert flatten_module._read_whole(scalars, encode(awkward)) is None

@@ -155,22 +155,36 @@ def discover_exports(
 ) -> list[ExportSource]:
     """Exports named on the command line, then each `[streams.NAME]` family of sluice.toml,
     then every export run's record. One directory is one export; a name given twice keeps
-    the first (a later one is named after its stream and directory)."""
+    the first (a later one is named after its stream and directory).
+
+    A family's directory holds the export of the stream its runs recorded there, whatever the
+    family names: a `sluice run export --stream examples/network` into the directory of the
+    family that exports its mirror labels its rows `examples/network`, so that `slice_rows`
+    finds them by that stream's positions. The family's mirror stream is the label until an
+    export has run, or when exports of several streams were recorded there."""
     from pipeline.jobs.export import registered_exports
+
+    records = registered_exports(settings.home)
+    streams_in: dict[Path, set[str]] = {}
+    for r in records:
+        streams_in.setdefault(Path(r.output).absolute(), set()).add(r.stream)
+
+    def exported(root: Path, configured: str) -> str:
+        found = streams_in.get(root.absolute(), set())
+        return next(iter(found)) if len(found) == 1 else configured
 
     families = [
         ExportSource(
             f.name,
             f.export_dir,
-            f.mirror_stream,
+            exported(f.export_dir, f.mirror_stream),
             f.schema,
             aliases=(f.stream, f.mirror_stream),
         )
         for f in settings.streams
     ]
     recorded = [
-        ExportSource(r.stream, Path(r.output), r.stream, r.schema, r.time_field)
-        for r in registered_exports(settings.home)
+        ExportSource(r.stream, Path(r.output), r.stream, r.schema, r.time_field) for r in records
     ]
     by_root: dict[Path, ExportSource] = {}
     names: set[str] = set()

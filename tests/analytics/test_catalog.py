@@ -22,6 +22,7 @@ from pipeline.analytics.sources import (
     discover_exports,
     parse_export_option,
 )
+from pipeline.jobs.export import ExportSpec, record_export
 from pipeline.jobs.replay import LineageRecord
 from pipeline.jobs.slices import record_slices, time_window_slice
 from pipeline.settings import load_settings
@@ -188,6 +189,38 @@ def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, monkeypatc
     )
     with pytest.raises(AnalyticsError, match=re.escape("expected SCOPE/STREAM=DIR")):
         parse_export_option("network")
+
+
+def test_a_family_directory_holds_the_stream_its_export_recorded(tmp_path, monkeypatch):
+    """`sluice run export --stream examples/network` into the directory of the family that
+    exports its mirror: the rows are positions of `examples/network` (the views once labelled
+    them with the mirror's stream, and `slice_rows` found none of them)."""
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        '[streams.network]\nstream = "examples/network"\nschema = "NetworkSamples"\n'
+        '[streams.network.mirror]\nstream = "cloud/network"\n'
+        '[stores.cloud]\nembedded = "cloud-streams"\n'
+    )
+    monkeypatch.setenv("SLUICE_CONFIG", str(config))
+    settings = load_settings()
+    (family,) = settings.streams
+
+    def found() -> ExportSource:
+        return {s.name: s for s in discover_exports(settings)}["network"]
+
+    assert found().stream == "cloud/network"  # nothing exported yet: the family's own
+    edge = ExportSpec("examples/network", "NetworkSamples", family.export_dir, "embedded:x")
+    record_export(edge, settings.home)
+    network = found()
+    assert (network.stream, network.view, network.root) == (
+        "examples/network",
+        "network",
+        family.export_dir,
+    )
+    assert network.matches("cloud/network") and network.matches("network")
+    other = ExportSpec("examples/other", "NetworkSamples", family.export_dir, "embedded:x")
+    record_export(other, settings.home)  # two streams in one directory: no way to tell
+    assert found().stream == "cloud/network"
 
 
 def test_a_bad_query_is_one_clear_error(paths):

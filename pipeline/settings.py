@@ -53,6 +53,18 @@ class SettingsError(SluiceError, ValueError):
         super().__init__(msg)
 
 
+class UnknownStore(SluiceError, ValueError):
+    """A store named (on the command line, or by a variable) that sluice.toml does not have."""
+
+    def __init__(self, where: str, name: str, known: list[str], source: str) -> None:
+        self.where, self.name = where, name
+        msg = (
+            f"{where} {name!r} is neither a store URI (embedded:<dir>, pravega://host:9090) nor "
+            f"the name of a store of [stores.*] in {source} (known: {', '.join(known)})"
+        )
+        super().__init__(msg)
+
+
 class _Table(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     pass
 
@@ -278,12 +290,8 @@ def store_uri(
     settings = settings or load_settings()
     if text in settings.stores:
         return settings.stores[text]
-    known = ", ".join(sorted(settings.stores))
-    problem = (
-        f"{where} {text!r} is neither a store URI (embedded:<dir>, pravega://host:9090) nor "
-        f"the name of a store of [stores.*] (known: {known})"
-    )
-    raise SettingsError(str(settings.source or "sluice.toml"), problem)
+    source = str(settings.source or "sluice.toml")
+    raise UnknownStore(where, text, sorted(settings.stores), source)
 
 
 def _toml_path(problem: str, prefix: str) -> str:

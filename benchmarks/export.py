@@ -174,8 +174,8 @@ def task_pass(
 
 PROFILE_STAGES = {
     "read": "read the range from the store",
-    "parse": "flatten: events parsed whole, scalars and number arrays (simdjson)",
-    "rest": "flatten: the rest (counts, checks, Arrow arrays, dictionaries)",
+    "parse": "flatten: events parsed whole (simdjson), their arrays joined into columns",
+    "rest": "flatten: the rest (the table, its dictionaries and lineage columns)",
     "split": "split the rows by event hour",
     "encode": "Parquet: encoding and statistics",
     "zstd": "Parquet: zstd",

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.cli.options import whole_number
 from pipeline.wording import counted
 
 if TYPE_CHECKING:
@@ -29,7 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("sql", help='e.g. "SELECT Interface, max(rx_mbps) FROM rates GROUP BY 1"')
     p.add_argument("--json", action="store_true", help="one JSON object per row")
-    p.add_argument("--max-rows", type=int, default=100, help="rows to print (0: all)")
+    p.add_argument(
+        "--max-rows",
+        type=whole_number(0, "rows to print: 0 (all) or more"),
+        default=100,
+        help="rows to print (0: all)",
+    )
     p.set_defaults(func=cmd_sql)
 
     p = subparsers.add_parser("plot", help="charts from the analytics database")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 
 def slices_stream_option(parser: argparse.ArgumentParser) -> None:
@@ -15,3 +17,38 @@ def slices_stream_option(parser: argparse.ArgumentParser) -> None:
         metavar="SCOPE/STREAM",
         help="the stream the slices are recorded in",
     )
+
+
+def whole_number(minimum: int, rule: str) -> Callable[[str], int]:
+    """An argparse type: a whole number, at least `minimum`. Anything else is refused with
+    `rule` (what the option takes), which argparse prints as one line naming the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            msg = f"{text!r} is not a whole number: {rule}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if value < minimum:
+            msg = f"{text}: {rule}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse
+
+
+def positive_number(rule: str) -> Callable[[str], float]:
+    """An argparse type: a finite number above 0, else refused with `rule` (as `whole_number`)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            msg = f"{text!r} is not a number: {rule}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if not math.isfinite(value) or value <= 0:
+            msg = f"{text}: {rule}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse

@@ -81,9 +81,11 @@ def _row(record: SliceRecord, extent: SliceExtent) -> dict:
 def _run_slices_list(args: argparse.Namespace) -> int:
     from pipeline.cli.table import render
     from pipeline.jobs.slices import SliceExtent, list_slices
-    from pipeline.streams import open_store
+    from pipeline.streams import StreamNotFound, open_store, parse_stream
 
     with open_store(args.store) as store:
+        if not store.stream_exists(args.stream):  # as `slices create` refuses it
+            raise StreamNotFound(*parse_stream(args.stream))
         records = list_slices(store, args.stream, args.slices_stream)
         rows = [_row(r, SliceExtent.of(store, r)) for r in records]
     if args.json:

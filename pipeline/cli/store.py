@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
+from pipeline.cli.options import positive_number, whole_number
 from pipeline.cli.progress import Progress
 from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
@@ -30,8 +31,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = stream_action(sub, "create", "create SCOPE/STREAM", cmd_create)
     p.add_argument("--segments", type=segment_count, default=1, help="1 or more (default 1)")
-    p.add_argument("--retention-bytes", type=int, help="keep at most this many bytes")
-    p.add_argument("--retention-seconds", type=float, help="keep nothing older than this")
+    p.add_argument(
+        "--retention-bytes",
+        type=whole_number(1, "keep a positive whole number of bytes"),
+        help="keep at most this many bytes",
+    )
+    p.add_argument(
+        "--retention-seconds",
+        type=positive_number("keep events for a positive number of seconds"),
+        help="keep nothing older than this",
+    )
 
     p = sub.add_parser("list", help="list streams (of one scope)")
     p.add_argument("scope", nargs="?", help="only this scope (default: every scope)")
@@ -75,15 +84,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--split", type=int, metavar="SEGMENT", help="split this segment")
-    how.add_argument("--merge", metavar="A,B", help="neighbouring segments to merge")
+    how.add_argument(
+        "--merge", type=segments_to_merge, metavar="A,B", help="neighbouring segments to merge"
+    )
     how.add_argument(
         "--auto",
+        type=auto_policy,
         metavar="KIND:TARGET",
         help="events_per_second:N or kbytes_per_second:N over the last --window seconds",
     )
-    p.add_argument("--parts", type=int, default=2, help="segments a split makes (default 2)")
     p.add_argument(
-        "--window", type=float, default=60.0, help="seconds of recent traffic --auto looks at"
+        "--parts",
+        type=whole_number(2, "a split makes 2 or more segments"),
+        default=2,
+        help="segments a split makes (default 2)",
+    )
+    p.add_argument(
+        "--window",
+        type=positive_number("a number of seconds above 0"),
+        default=60.0,
+        help="seconds of recent traffic --auto looks at",
     )
 
     stream_action(sub, "seal", "refuse further writes to SCOPE/STREAM", cmd_seal)
@@ -131,6 +151,32 @@ def segment_count(text: str) -> int:
         msg = f"{count}: a stream has at least 1 segment"
         raise argparse.ArgumentTypeError(msg)
     return count
+
+
+def segments_to_merge(text: str) -> list[int]:
+    """`--merge A,B[,C…]`: two or more segment numbers."""
+    try:
+        segments = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        msg = f"{text!r} is not a list of segment numbers such as 1,2"
+        raise argparse.ArgumentTypeError(msg) from None
+    if len(set(segments)) < 2:
+        msg = f"{text!r}: a merge takes 2 or more neighbouring segments, such as 1,2"
+        raise argparse.ArgumentTypeError(msg)
+    return segments
+
+
+def auto_policy(text: str) -> ScalingPolicy:
+    """`--auto KIND:TARGET`: the scaling policy it names, its target a rate above 0."""
+    kind, _, target = text.partition(":")
+    try:
+        return ScalingPolicy(kind, float(target))  # type: ignore[arg-type]
+    except ValueError:  # not a number, or not a policy (InvalidArgument)
+        msg = (
+            f"{text!r}: give events_per_second:N or kbytes_per_second:N, N a rate above 0"
+            " per second"
+        )
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def resolve_cut(store: StreamStore, stream: str, text: str) -> StreamCut:
@@ -301,15 +347,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
         if args.split is not None:
             created = store.split_segment(args.stream, args.split, args.parts)
         elif args.merge:
-            segments = [int(s) for s in args.merge.split(",") if s.strip()]
-            created = [store.merge_segments(args.stream, segments)]
+            created = [store.merge_segments(args.stream, args.merge)]
         else:
-            kind, _, target = args.auto.partition(":")
-            if kind not in ("events_per_second", "kbytes_per_second") or not target:
-                msg = f"--auto takes events_per_second:N or kbytes_per_second:N, not {args.auto!r}"
-                raise SluiceError(msg)
-            policy = ScalingPolicy(kind, float(target))  # type: ignore[arg-type]
-            created = store.auto_scale(args.stream, policy, args.window)
+            created = store.auto_scale(args.stream, args.auto, args.window)
         active = [s.segment for s in store.info(args.stream).segments if not s.sealed]
     print(f"created segments {created or 'none'}; active segments {active}")
     return 0

@@ -9,13 +9,19 @@ store") and checked by `tests/streams/test_contract.py` against each backend.
 from __future__ import annotations
 
 import itertools
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.streams.cut import StreamCut
-from pipeline.streams.errors import EventTooLarge
+from pipeline.streams.errors import (
+    EventTooLarge,
+    InvalidArgument,
+    SegmentNotActive,
+    StreamSealed,
+)
 from pipeline.streams.names import check_routing_key
 
 MAX_EVENT_SIZE = 8 * 1024 * 1024
@@ -44,6 +50,26 @@ def check_event(payload: bytes, routing_key: str | None) -> bytes:
         raise EventTooLarge(len(payload), MAX_EVENT_SIZE)
     check_routing_key(routing_key)
     return bytes(payload)
+
+
+def check_count(name: str, value: object, minimum: int, rule: str) -> int:
+    """`value` if it is a whole number (not a bool) of at least `minimum`, else
+    `InvalidArgument(name, value, rule)`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(name, value, rule)
+    return value
+
+
+def check_positive(name: str, value: object, rule: str) -> float:
+    """`value` if it is a finite number above 0, else `InvalidArgument(name, value, rule)`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgument(name, value, rule)
+    return value
 
 
 TxnState = Literal["open", "committing", "committed", "aborted"]
@@ -138,6 +164,18 @@ class Retention:
     max_age_seconds: float | None = None
 
 
+def check_retention(retention: Retention) -> Retention:
+    """`retention` if each limit it sets is positive; else `InvalidArgument`. Checked when a
+    stream is created, not when a policy is read back, so a stream keeps working."""
+    if retention.max_bytes is not None:
+        rule = "keep a positive whole number of bytes, or set no byte limit"
+        check_count("retention max_bytes", retention.max_bytes, 1, rule)
+    if retention.max_age_seconds is not None:
+        rule = "keep events for a positive number of seconds, or set no age limit"
+        check_positive("retention max_age_seconds", retention.max_age_seconds, rule)
+    return retention
+
+
 @dataclass(frozen=True, slots=True)
 class ScalingPolicy:
     """Pravega-style auto-scaling: split a segment whose rate exceeds `target` per second
@@ -148,6 +186,14 @@ class ScalingPolicy:
     target: float
     scale_factor: int = 2
     min_segments: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("events_per_second", "kbytes_per_second"):
+            rule = "events_per_second or kbytes_per_second"
+            raise InvalidArgument(name="scaling kind", value=self.kind, rule=rule)
+        check_positive("scaling target", self.target, "a rate above 0 per second")
+        check_count("scale_factor", self.scale_factor, 2, "a split makes 2 or more segments")
+        check_count("min_segments", self.min_segments, 1, "a stream keeps 1 or more segments")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +220,18 @@ class StreamInfo:
     @property
     def events(self) -> int:
         return sum(s.events for s in self.segments)
+
+    def active_segment(self, number: int) -> SegmentInfo:
+        """Segment `number`, if it takes writes; else `SegmentNotActive` (`StreamSealed` when
+        the whole stream is sealed)."""
+        if self.sealed:
+            raise StreamSealed(self.scope, self.stream)
+        active = [s for s in self.segments if not s.sealed]
+        for s in active:
+            if s.segment == number:
+                return s
+        stream = f"{self.scope}/{self.stream}"
+        raise SegmentNotActive(stream, number, [s.segment for s in active])
 
     def segment(self, number: int) -> SegmentInfo:
         for s in self.segments:
@@ -504,22 +562,27 @@ class StreamStore(ABC):
         raise Unsupported(type(self).__name__, "scale segments", "scale with the cluster's tools")
 
     def split_segment(self, stream: str, segment: int, parts: int = 2) -> list[int]:
-        """Split one segment's key range into `parts` equal new segments."""
-        lo, hi = self.info(stream).segment(segment).key_range
+        """Split one active segment's key range into `parts` (2 or more) equal new segments."""
+        check_count("number of parts", parts, 2, "a split makes 2 or more segments")
+        lo, hi = self.info(stream).active_segment(segment).key_range
         step = (hi - lo) / parts
         bounds = [lo + step * i for i in range(parts)] + [hi]
         return self.scale(stream, [segment], list(itertools.pairwise(bounds)))
 
     def merge_segments(self, stream: str, segments: list[int]) -> int:
-        """Merge segments with adjacent key ranges into one."""
+        """Merge two or more active segments with adjacent key ranges into one."""
+        if len(set(segments)) < 2:
+            rule = "a merge takes 2 or more neighbouring segments"
+            raise InvalidArgument(name="segments to merge", value=segments, rule=rule)
         info = self.info(stream)
-        ranges = sorted(info.segment(s).key_range for s in segments)
+        ranges = sorted(info.active_segment(s).key_range for s in segments)
         return self.scale(stream, segments, [(ranges[0][0], ranges[-1][1])])[0]
 
     def auto_scale(
         self, stream: str, policy: ScalingPolicy, window_seconds: float = 60.0
     ) -> list[int]:
-        """Apply `policy` to the rates of the last `window_seconds`; return new segments."""
+        """Apply `policy` to the rates of the last `window_seconds` (above 0); return new
+        segments."""
         from pipeline.streams.errors import Unsupported
 
         raise Unsupported(type(self).__name__, "auto-scale", "set a scaling policy on the stream")

@@ -95,7 +95,7 @@ class StreamCut:
     def check_stream(self, scope: str, stream_name: str) -> StreamCut:
         """Return self if this is a cut of `scope/stream_name`, else raise `CutStreamMismatch`."""
         if (self.scope, self.stream_name) != (scope, stream_name):
-            raise CutStreamMismatch(self.stream, f"{scope}/{stream_name}")
+            raise CutStreamMismatch(self.text, self.stream, f"{scope}/{stream_name}")
         return self
 
     def bytes_until(self, other: StreamCut) -> int:

@@ -83,9 +83,32 @@ class InvalidCut(StreamStoreError, ValueError):
 
 
 class CutStreamMismatch(InvalidCut):
-    def __init__(self, cut_stream: str, stream: str) -> None:
+    def __init__(self, text: str, cut_stream: str, stream: str) -> None:
         self.cut_stream, self.stream = cut_stream, stream
-        super().__init__(cut_stream, f"it is a cut of stream {cut_stream}, not of {stream}")
+        super().__init__(text, f"it is a cut of stream {cut_stream}, not of {stream}")
+
+
+class InvalidArgument(StreamStoreError, ValueError):
+    """A value the store cannot use: a retention limit, a scaling policy, a split or a merge.
+
+    Refused before anything is changed."""
+
+    def __init__(self, name: str, value: object, rule: str) -> None:
+        self.name, self.value, self.rule = name, value, rule
+        msg = f"invalid {name} {value!r}: {rule}"
+        super().__init__(msg)
+
+
+class SegmentNotActive(StreamStoreError, LookupError):
+    """A scale names a segment the stream does not have, or one sealed by an earlier scale."""
+
+    def __init__(self, stream: str, segment: int, active: list[int]) -> None:
+        self.stream, self.segment, self.active = stream, segment, active
+        msg = (
+            f"stream {stream} has no active segment {segment}: its active segments are"
+            f" {', '.join(map(str, active))} (`sluice store info {stream}` lists them)"
+        )
+        super().__init__(msg)
 
 
 class Truncated(StreamStoreError):

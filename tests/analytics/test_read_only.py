@@ -116,6 +116,23 @@ def test_sql_from_a_shell_with_another_default_store_leaves_the_database_unchang
     assert not other.exists()  # nothing opened the other store either
 
 
+def test_sql_refuses_a_negative_max_rows_in_one_line(configured, capsys):
+    assert cli.main(["analytics", "refresh"]) == 0
+    paths = AnalyticsPaths.from_settings(configured)
+    before = digest(paths.database)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # argparse refuses it, naming the option
+        cli.main(["sql", "--max-rows", "-1", "SELECT * FROM slices"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "sluice sql: error: argument --max-rows: -1: rows to print: 0 (all) or more"
+    )
+    assert digest(paths.database) == before
+    assert cli.main(["sql", "--max-rows", "0", "SELECT * FROM slices"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "(2 rows)"
+
+
 def test_times_are_one_type_and_join_in_plain_duckdb(configured, tmp_path):
     paths = AnalyticsPaths.from_settings(configured)
     snapshot_slices(paths, [(a_slice("site/network", T0 + 1000 * MS, T0 + 3000 * MS), "s")])

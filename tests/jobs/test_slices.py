@@ -20,6 +20,7 @@ from pipeline.jobs.slices import (
     record_slices,
     time_window_slice,
 )
+from pipeline.streams import open_store
 from tests.jobs.test_replay_support import STREAM, T0, nic_stream
 
 SECOND = 1_000_000_000
@@ -131,3 +132,20 @@ def test_an_empty_window_is_refused_unless_allowed(store, store_dir, capsys):
     created = json.loads(capsys.readouterr().out)
     assert (created["status"], created["events"], created["bytes"]) == ("created", 0, 0)
     assert created["span"] == "3600.000 s"
+
+
+def test_slices_list_of_a_stream_that_does_not_exist_is_refused(store, store_dir, capsys):
+    nic_stream(store, {"edge1": [[1] * 3] * 3})
+    before = (store.list_streams(), store.info(STREAM))
+    store.close()
+    base = ["--store", f"embedded:{store_dir}", "slices", "list", "examples/netwrok"]
+    for extra in ([], ["--json"]):
+        assert cli.main([*base, *extra]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err == (
+            "sluice: error: stream examples/netwrok does not exist: create it with"
+            " `sluice store create examples/netwrok` or check `sluice store list`\n"
+        )
+    with open_store(f"embedded:{store_dir}") as reopened:
+        assert (reopened.list_streams(), reopened.info(STREAM)) == before

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeline.streams import Retention, StreamCut, Truncated, open_store
+from pipeline.streams import InvalidArgument, Retention, StreamCut, Truncated, open_store
 
 HOUR = 3600.0
 
@@ -29,6 +29,33 @@ def test_a_head_inside_a_block_keeps_the_young_events_after_it(store):
     assert payloads(store.read("ret/mid")) == [b"e2", b"e3", b"e4"]
     store.apply_retention("ret/mid", now_ns=time.time_ns() + int(2 * HOUR * 1e9))
     assert payloads(store.read("ret/mid")) == []
+
+
+BYTES_RULE = "keep a positive whole number of bytes, or set no byte limit"
+SECONDS_RULE = "keep events for a positive number of seconds, or set no age limit"
+
+
+@pytest.mark.parametrize(
+    ("retention", "message"),
+    [
+        (Retention(max_bytes=-5), f"invalid retention max_bytes -5: {BYTES_RULE}"),
+        (Retention(max_bytes=0), f"invalid retention max_bytes 0: {BYTES_RULE}"),
+        (Retention(max_bytes=1.5), f"invalid retention max_bytes 1.5: {BYTES_RULE}"),
+        (Retention(max_age_seconds=-1), f"invalid retention max_age_seconds -1: {SECONDS_RULE}"),
+        (Retention(max_age_seconds=0.0), f"invalid retention max_age_seconds 0.0: {SECONDS_RULE}"),
+    ],
+)
+def test_a_retention_that_would_keep_nothing_is_refused_and_nothing_is_created(
+    store, retention, message
+):
+    store.create_stream("ret/kept")
+    with store.writer("ret/kept") as w:
+        w.write(b"e0")
+    before = store.info("ret/kept")
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        store.create_stream("other/bad", retention=retention)
+    assert (store.list_scopes(), store.list_streams()) == (["ret"], ["ret/kept"])
+    assert store.info("ret/kept") == before
 
 
 def test_a_read_overtaken_by_retention_raises_truncated(store):

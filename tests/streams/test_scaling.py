@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
-from pipeline.streams import InvalidCut, ScalingPolicy
+from pipeline.streams import (
+    InvalidArgument,
+    InvalidCut,
+    ScalingPolicy,
+    SegmentNotActive,
+    StreamSealed,
+)
 
 
 def keyed(events):
@@ -95,9 +104,105 @@ def test_bad_scales_are_refused(store):
     with pytest.raises(InvalidCut, match="must exactly cover"):
         store.scale("sc/b", [0], [(0.0, 0.1)])
     store.split_segment("sc/b", 1)
-    with pytest.raises(InvalidCut, match="not an active segment"):
+    sealed = "stream sc/b has no active segment 1: its active segments are 0, 2, 3, 4"
+    with pytest.raises(SegmentNotActive, match=re.escape(sealed)):
         store.split_segment("sc/b", 1)
+    with pytest.raises(SegmentNotActive, match=re.escape(sealed)):
+        store.scale("sc/b", [1], [(1 / 3, 2 / 3)])
     assert len(store.info("sc/b").segments) == 5
+    store.seal_stream("sc/b")
+    with pytest.raises(StreamSealed):
+        store.split_segment("sc/b", 0)
+
+
+ACTIVE = "its active segments are 0, 1 (`sluice store info sc/args` lists them)"
+
+
+@pytest.mark.parametrize(
+    ("scale", "error", "message"),
+    [
+        (
+            lambda s: s.split_segment("sc/args", 0, parts=0),
+            InvalidArgument,
+            "invalid number of parts 0: a split makes 2 or more segments",
+        ),
+        (
+            lambda s: s.split_segment("sc/args", 0, parts=1),
+            InvalidArgument,
+            "invalid number of parts 1: a split makes 2 or more segments",
+        ),
+        (
+            lambda s: s.split_segment("sc/args", 0, parts=-1),
+            InvalidArgument,
+            "invalid number of parts -1: a split makes 2 or more segments",
+        ),
+        (
+            lambda s: s.split_segment("sc/args", 99),
+            SegmentNotActive,
+            f"stream sc/args has no active segment 99: {ACTIVE}",
+        ),
+        (
+            lambda s: s.merge_segments("sc/args", [1]),
+            InvalidArgument,
+            "invalid segments to merge [1]: a merge takes 2 or more neighbouring segments",
+        ),
+        (
+            lambda s: s.merge_segments("sc/args", [1, 1]),
+            InvalidArgument,
+            "invalid segments to merge [1, 1]: a merge takes 2 or more neighbouring segments",
+        ),
+        (
+            lambda s: s.merge_segments("sc/args", [1, 8]),
+            SegmentNotActive,
+            f"stream sc/args has no active segment 8: {ACTIVE}",
+        ),
+        (
+            lambda s: s.auto_scale("sc/args", ScalingPolicy("events_per_second", 1.0), 0),
+            InvalidArgument,
+            "invalid scaling window 0: a number of seconds above 0",
+        ),
+        (
+            lambda s: s.auto_scale("sc/args", ScalingPolicy("events_per_second", 1.0), -60),
+            InvalidArgument,
+            "invalid scaling window -60: a number of seconds above 0",
+        ),
+    ],
+    ids=[
+        "parts-0",
+        "parts-1",
+        "parts-negative",
+        "split-unknown",
+        "merge-one",
+        "merge-one-twice",
+        "merge-unknown",
+        "window-0",
+        "window-negative",
+    ],
+)
+def test_bad_scale_arguments_are_typed_errors_that_change_nothing(store, scale, error, message):
+    store.create_stream("sc/args", segments=2)
+    write(store, "sc/args", range(20))
+    before = store.info("sc/args")
+    with pytest.raises(error, match=re.escape(message)):
+        scale(store)
+    assert store.info("sc/args") == before
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"target": -1}, "invalid scaling target -1: a rate above 0 per second"),
+        ({"target": 0}, "invalid scaling target 0: a rate above 0 per second"),
+        ({"target": math.nan}, "invalid scaling target nan: a rate above 0 per second"),
+        ({"kind": "bogus"}, "invalid scaling kind 'bogus': events_per_second or kbytes_per_second"),
+        ({"scale_factor": 1}, "invalid scale_factor 1: a split makes 2 or more segments"),
+        ({"min_segments": 0}, "invalid min_segments 0: a stream keeps 1 or more segments"),
+    ],
+)
+def test_a_scaling_policy_that_cannot_work_is_refused(fields, message):
+    policy = {"kind": "events_per_second", "target": 5.0, **fields}
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        ScalingPolicy(**policy)
 
 
 def test_auto_scale_by_event_rate(store):

@@ -56,7 +56,114 @@ def test_scale(sluice):
     assert sluice("store", "read", "site/hot").stdout == "1\n2\n3\n"
     assert "active segments [3]" in sluice("store", "scale", "site/hot", "--merge", "1,2").stdout
     proc = sluice("store", "scale", "site/hot", "--auto", "bogus", ok=False)
-    assert "--auto takes" in proc.stderr
+    assert f"argument --auto: 'bogus': {AUTO_RULE}" in proc.stderr
+
+
+AUTO_RULE = "give events_per_second:N or kbytes_per_second:N, N a rate above 0 per second"
+
+
+def refused(proc: subprocess.CompletedProcess, line: str, exit_code: int) -> None:
+    """`proc` failed with `exit_code` and its error is `line`, the last (argparse prints its
+    usage first) and no traceback."""
+    assert proc.returncode == exit_code, proc.stderr
+    assert proc.stderr.splitlines()[-1] == line
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ("--auto", "events_per_second:abc"),
+            f"argument --auto: 'events_per_second:abc': {AUTO_RULE}",
+        ),
+        (
+            ("--auto", "events_per_second:-1"),
+            f"argument --auto: 'events_per_second:-1': {AUTO_RULE}",
+        ),
+        (("--auto", "kbytes_per_second:0"), f"argument --auto: 'kbytes_per_second:0': {AUTO_RULE}"),
+        (("--split", "1", "--parts", "0"), "argument --parts: 0: a split makes 2 or more segments"),
+        (
+            ("--split", "1", "--parts", "-1"),
+            "argument --parts: -1: a split makes 2 or more segments",
+        ),
+        (
+            ("--auto", "events_per_second:10", "--window", "0"),
+            "argument --window: 0: a number of seconds above 0",
+        ),
+        (
+            ("--merge", "a,b"),
+            "argument --merge: 'a,b' is not a list of segment numbers such as 1,2",
+        ),
+        (
+            ("--merge", "1"),
+            "argument --merge: '1': a merge takes 2 or more neighbouring segments, such as 1,2",
+        ),
+    ],
+)
+def test_scale_refuses_a_bad_option_in_one_line_and_changes_nothing(sluice, args, line):
+    sluice("store", "create", "site/net", "--segments", "2")
+    sluice("store", "write", "site/net", "-k", "eth0", stdin="a\nb\n")
+    before = sluice("store", "info", "site/net").stdout
+    proc = sluice("store", "scale", "site/net", *args, ok=False)
+    refused(proc, f"sluice store scale: error: {line}", exit_code=2)
+    assert sluice("store", "info", "site/net").stdout == before
+
+
+def test_scale_of_a_segment_that_is_not_active_names_the_active_ones(sluice):
+    sluice("store", "create", "site/net", "--segments", "2")
+    sluice("store", "scale", "site/net", "--split", "1")  # seals 1, makes 2 and 3
+    before = sluice("store", "info", "site/net").stdout
+    active = "its active segments are 0, 2, 3 (`sluice store info site/net` lists them)"
+    for args, segment in ((("--split", "99"), 99), (("--split", "1"), 1), (("--merge", "0,1"), 1)):
+        proc = sluice("store", "scale", "site/net", *args, ok=False)
+        line = f"sluice: error: stream site/net has no active segment {segment}: {active}"
+        refused(proc, line, exit_code=1)
+        assert proc.stderr.count("\n") == 1
+    assert sluice("store", "info", "site/net").stdout == before
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ("--retention-bytes", "-5"),
+            "argument --retention-bytes: -5: keep a positive whole number of bytes",
+        ),
+        (
+            ("--retention-bytes", "0"),
+            "argument --retention-bytes: 0: keep a positive whole number of bytes",
+        ),
+        (
+            ("--retention-seconds", "-1"),
+            "argument --retention-seconds: -1: keep events for a positive number of seconds",
+        ),
+        (
+            ("--retention-seconds", "0"),
+            "argument --retention-seconds: 0: keep events for a positive number of seconds",
+        ),
+    ],
+)
+def test_create_refuses_a_retention_that_would_keep_nothing(sluice, args, line):
+    sluice("store", "create", "site/net")
+    proc = sluice("store", "create", "site/n1", *args, ok=False)
+    refused(proc, f"sluice store create: error: {line}", exit_code=2)
+    assert sluice("store", "list").stdout == "site/net\n"
+
+
+def test_a_cut_of_another_stream_is_quoted_as_the_cut(sluice):
+    sluice("store", "create", "site/net")
+    sluice("store", "write", "site/net", stdin="a\n")
+    before = sluice("store", "info", "site/net").stdout
+    for action in (("read", "site/net", "--from"), ("truncate", "site/net")):
+        proc = sluice("store", *action, "v1~site~other~0-0", ok=False)
+        line = (
+            "sluice: error: invalid stream cut 'v1~site~other~0-0': it is a cut of stream"
+            " site/other, not of site/net"
+        )
+        refused(proc, line, exit_code=1)
+        assert proc.stderr.count("\n") == 1
+    assert sluice("store", "info", "site/net").stdout == before
 
 
 @pytest.mark.parametrize(

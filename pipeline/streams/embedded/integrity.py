@@ -22,7 +22,7 @@ from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.manifest import read_manifest
 from pipeline.streams.embedded.reading import BlockReader
 from pipeline.streams.embedded.scaling import scale
-from pipeline.streams.errors import InvalidCut, StreamNotFound, StreamSealed
+from pipeline.streams.errors import InvalidCut, SegmentNotActive, StreamNotFound, StreamSealed
 from pipeline.streams.names import parse_stream
 from pipeline.wording import counted
 
@@ -317,7 +317,7 @@ def seal_and_continue(
     writes resume and no offset of the damaged one is ever written again."""
     try:
         created = scale(engine, row, [segment], [key_range])
-    except (StreamSealed, InvalidCut):
+    except (StreamSealed, SegmentNotActive, InvalidCut):
         return  # sealed already (or a transaction is landing: the damage mark stays)
     engine.clear_damage(row, segment)
     what = f"sealed it: its keys continue in segment {created[0]}"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pipeline.streams.api import ScalingPolicy
 from pipeline.streams.embedded.engine import Engine, StreamRow
-from pipeline.streams.errors import InvalidCut, StreamSealed
+from pipeline.streams.errors import InvalidCut, SegmentNotActive, StreamSealed
 
 EPSILON = 1e-12
 
@@ -32,8 +32,7 @@ def scale(
         raise StreamSealed(row.scope, row.name)
     for seg in seal:
         if seg not in active:
-            msg = f"segment {seg} of {row.qualified} is not an active segment"
-            raise InvalidCut(text=str(seg), reason=msg)
+            raise SegmentNotActive(row.qualified, seg, sorted(active))
     _check_cover(row, [active[s] for s in seal], ranges)
     with ExitStack() as locks:
         for seg in sorted(seal):  # block appends to the sealed segments while they change

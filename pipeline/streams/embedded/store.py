@@ -28,6 +28,8 @@ from pipeline.streams.api import (
     StreamStore,
     Transaction,
     VerifyReport,
+    check_positive,
+    check_retention,
 )
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.embedded import integrity, rebuild, scaling
@@ -100,7 +102,7 @@ class EmbeddedStore(StreamStore):
         if not isinstance(segments, int) or not 1 <= segments <= 1024:
             msg = f"a stream has 1 to 1024 segments, not {segments!r}"
             raise ValueError(msg)
-        retention = retention or Retention()
+        retention = check_retention(retention or Retention())
         self.create_scope(scope)
         with self._engine.catalog.write() as db:
             if db.execute(
@@ -299,6 +301,7 @@ class EmbeddedStore(StreamStore):
     def auto_scale(
         self, stream: str, policy: ScalingPolicy, window_seconds: float = 60.0
     ) -> list[int]:
+        check_positive("scaling window", window_seconds, "a number of seconds above 0")
         row = self._engine.stream_row(stream)
         plan = scaling.plan_auto_scale(self._engine, row, policy, window_seconds)
         created = [

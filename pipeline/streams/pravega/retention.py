@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.streams.api import Retention
+from pipeline.streams.api import Retention, check_retention
 from pipeline.streams.errors import Unsupported
 
 TAG_PREFIX = "sluice.retention."
@@ -28,15 +28,10 @@ def policy_for(client: Any, retention: Retention) -> tuple[Any, list[str]]:
             "retain by size and by age at once (a Pravega stream has one retention policy)",
             "choose max_bytes or max_age_seconds",
         )
+    check_retention(retention)
     if size is not None:
-        if not isinstance(size, int) or size <= 0:
-            msg = f"max_bytes must be a positive number of bytes, not {size!r}"
-            raise ValueError(msg)
         return client.StreamRetentionPolicy.by_size(size), [f"{TAG_PREFIX}max_bytes={size}"]
     if age is not None:
-        if not isinstance(age, int | float) or age <= 0:
-            msg = f"max_age_seconds must be a positive number of seconds, not {age!r}"
-            raise ValueError(msg)
         millis = max(1, round(age * 1000))
         policy = client.StreamRetentionPolicy.by_time(millis)
         return policy, [f"{TAG_PREFIX}max_age_seconds={millis / 1000:g}"]

@@ -140,17 +140,8 @@ def stream_action(
     return parser
 
 
-def segment_count(text: str) -> int:
-    """`--segments`: a whole number, at least 1 (argparse prints the reason as one line)."""
-    try:
-        count = int(text)
-    except ValueError:
-        msg = f"{text!r} is not a whole number of segments"
-        raise argparse.ArgumentTypeError(msg) from None
-    if count < 1:
-        msg = f"{count}: a stream has at least 1 segment"
-        raise argparse.ArgumentTypeError(msg)
-    return count
+#: `--segments`: a whole number, at least 1 (argparse prints the reason as one line).
+segment_count = whole_number(1, "a stream has at least 1 segment")
 
 
 def segments_to_merge(text: str) -> list[int]:

@@ -164,6 +164,18 @@ class Retention:
     max_age_seconds: float | None = None
 
 
+#: The most segments a stream is created with (as Pravega allows).
+MAX_SEGMENTS = 1024
+
+
+def check_segments(segments: object) -> int:
+    """`segments` if a stream can be created with that many, else `InvalidArgument`."""
+    name, rule = "number of segments", f"a stream has 1 to {MAX_SEGMENTS} segments"
+    if check_count(name, segments, 1, rule) > MAX_SEGMENTS:
+        raise InvalidArgument(name, segments, rule)
+    return segments  # type: ignore[return-value]
+
+
 def check_retention(retention: Retention) -> Retention:
     """`retention` if each limit it sets is positive; else `InvalidArgument`. Checked when a
     stream is created, not when a policy is read back, so a stream keeps working."""

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.streams import InvalidArgument, open_store
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -149,6 +151,15 @@ def test_create_refuses_a_retention_that_would_keep_nothing(sluice, args, line):
     proc = sluice("store", "create", "site/n1", *args, ok=False)
     refused(proc, f"sluice store create: error: {line}", exit_code=2)
     assert sluice("store", "list").stdout == "site/net\n"
+
+
+def test_create_refuses_more_segments_than_a_stream_can_have(sluice, tmp_path):
+    proc = sluice("store", "create", "site/many", "--segments", "2000", ok=False)
+    line = "sluice: error: invalid number of segments 2000: a stream has 1 to 1024 segments"
+    refused(proc, line, exit_code=1)
+    assert sluice("store", "list").stdout == ""
+    with open_store(f"embedded:{tmp_path / 's'}") as store, pytest.raises(InvalidArgument):
+        store.create_stream("site/many", segments=True)  # a bool is no number of segments
 
 
 def test_a_cut_of_another_stream_is_quoted_as_the_cut(sluice):

@@ -30,6 +30,7 @@ from pipeline.streams.api import (
     VerifyReport,
     check_positive,
     check_retention,
+    check_segments,
 )
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.embedded import integrity, rebuild, scaling
@@ -99,9 +100,7 @@ class EmbeddedStore(StreamStore):
         self, stream: str, segments: int = 1, retention: Retention | None = None
     ) -> bool:
         scope, name = parse_stream(stream)
-        if not isinstance(segments, int) or not 1 <= segments <= 1024:
-            msg = f"a stream has 1 to 1024 segments, not {segments!r}"
-            raise ValueError(msg)
+        check_segments(segments)
         retention = check_retention(retention or Retention())
         self.create_scope(scope)
         with self._engine.catalog.write() as db:

@@ -27,6 +27,7 @@ from pipeline.streams.api import (
     StreamInfo,
     StreamStore,
     Transaction,
+    check_segments,
 )
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.errors import (
@@ -111,9 +112,7 @@ class PravegaStore(StreamStore):
         self, stream: str, segments: int = 1, retention: Retention | None = None
     ) -> bool:
         scope, name = _pravega_stream(stream)
-        if not isinstance(segments, int) or not 1 <= segments <= 1024:
-            msg = f"a stream has 1 to 1024 segments, not {segments!r}"
-            raise ValueError(msg)
+        check_segments(segments)
         client = self._client()
         retention_policy, tags = policy_for(client, retention or Retention())
         self.create_scope(scope)

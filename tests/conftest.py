@@ -27,7 +27,11 @@ SLOW_COST_SECONDS = {
 }
 #: Slow tests not in the table that start a JVM (besides those marked `spark`): after the
 #: table, before the store and collector crash tests.
-STARTS_SPARK = ("tests/docs/test_guides.py", "tests/spark/test_class_archive.py")
+STARTS_SPARK = (
+    "tests/docs/test_guides.py",
+    "tests/spark/test_class_archive.py",
+    "tests/jobs/test_stopping.py",
+)
 
 
 def slow_rank(item: pytest.Item) -> tuple[int, float]:

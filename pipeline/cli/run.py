@@ -9,7 +9,8 @@ gives that spec back. The run flags every job shares (`common_options`): `--chec
 start only), `--max-events N` / `--max-bytes N` per batch, `--in-process-bytes N` (a small
 backlog runs without Spark). Progress (starting Spark, where
 the job reads from, each batch) goes to stderr (`pipeline/cli/progress.py`); the summary is
-JSON on stdout.
+JSON on stdout. SIGTERM or Ctrl-C stops a job after the batch in flight, a second one at once
+(`pipeline/jobs/stopping.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from pipeline.jobs.export import DEFAULT_FORMATS, MAX_ROWS_PER_FILE, ExportSpec,
 from pipeline.jobs.in_process import IN_PROCESS_BYTES, IN_PROCESS_ENV
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
+from pipeline.jobs.stopping import sigterm_as_ctrl_c
 from pipeline.jobs.stream_join import TIME_COLUMN, SeriesSource, StreamJoinSpec, join_streams
 from pipeline.wording import counted
 
@@ -202,10 +204,15 @@ def _start(
 ) -> JobSummary:
     """Run `job` over `spec` in this process's Spark session, showing its progress (where it
     reads from, starting Spark, each batch) on standard error. The session starts only if the
-    job needs it: a caught-up `--available-now` run does not."""
+    job needs it: a caught-up `--available-now` run does not.
+
+    SIGTERM is Ctrl-C's twin: while the query runs, either stops it after the batch in flight
+    (a second one at once) and the summary is printed; before that, either interrupts the run
+    (`pipeline/jobs/stopping.py`)."""
     progress = Progress.of(args, data_on_stdout=job is console)
-    with progress.task(args.job) as task:
+    with progress.task(args.job) as task, sigterm_as_ctrl_c():
         task.stage(f"reading {reading(args)}")
+        run = replace(run, stop_on_signals=True)
         return job(lambda: _session(task), spec, run, report=BatchProgress(task))
 
 

@@ -29,6 +29,7 @@ from pipeline.jobs.runner import (
     SERVICE,
     BatchReport,
     BatchStates,
+    JobFailed,
     JobSource,
     JobSummary,
     RunOptions,
@@ -37,7 +38,7 @@ from pipeline.jobs.runner import (
     sluice_run,
 )
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, record_slices
-from pipeline.streams import StreamCut, open_store, parse_stream
+from pipeline.streams import InvalidName, StreamCut, open_store, parse_stream
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -223,6 +224,30 @@ def check_conditions(spec: BookmarkSpec) -> None:
     for c in spec.conditions:
         if c.kind == "predicate":
             _predicate(c.predicate)
+
+
+#: The columns the bookmark adds to a batch's flattened rows before the conditions see them.
+OWN_COLUMNS = ("_time_ns", "_routing_key", "_sensor")
+
+
+def check_spec(spec: BookmarkSpec, plan: FlattenPlan) -> None:
+    """Refuse, before Spark starts, what a batch would refuse: the conditions
+    (`check_conditions`), a column of `--below`/`--above`/`--sensor-by` that the rows of
+    `plan` lack, a slices stream's name that is no SCOPE/STREAM."""
+    check_conditions(spec)
+    names = {*plan.arrow_schema.names, *OWN_COLUMNS}
+    if spec.sensor_by != "routing_key":
+        from pipeline.schemas.sensors import sensor_columns
+
+        missing = [c for c in sensor_columns(spec.sensor_by) if c not in names]
+        if missing:
+            msg = "--sensor-by"
+            raise BookmarkError(msg, f"no column {', '.join(missing)} in the rows")
+    for c in spec.conditions:
+        if c.kind in ("below", "above") and c.field not in names:
+            msg = f"--{c.kind}"
+            raise BookmarkError(msg, f"no column {c.field!r} in the rows")
+    parse_stream(spec.slices_stream)
 
 
 # --- one batch ------------------------------------------------------------------------------
@@ -424,7 +449,13 @@ def bookmark(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the bookmark job (see the module doc) until caught up or stopped."""
+    from pipeline.schemas import flatten_plan
+
     identity = JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
+    try:
+        check_spec(spec, flatten_plan(spec.schema))
+    except (BookmarkError, InvalidName) as exc:  # in the words a batch would have used
+        raise JobFailed(identity.job, str(exc)) from exc
     root = run.checkpoint or default_checkpoint("bookmark", spec.stream, spec.slices_stream)
 
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:

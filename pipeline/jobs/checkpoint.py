@@ -5,6 +5,7 @@
                  run.lock       `flock`ed by the one run using it; holds that run's pid
                  spark/         Spark's checkpoint: offsets (stream cuts) and commits
                  ledger.sqlite  the sink's batch ledger (`pipeline/spark/ledger.py`)
+                 stop/          a running query's stop request (`stopping.py`)
 
 A run on a checkpoint in use (`CheckpointInUse`) or of another job (`CheckpointMismatch`) is
 refused. Progress is read without the lock, so a sensor can follow a running service; whether
@@ -100,6 +101,10 @@ class Checkpoint:
     @property
     def ledger_path(self) -> Path:
         return self.root / "ledger.sqlite"
+
+    @property
+    def stop_dir(self) -> Path:
+        return self.root / "stop"
 
     @property
     def start_cut(self) -> str | None:

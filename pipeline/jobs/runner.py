@@ -16,6 +16,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -24,7 +25,10 @@ from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import SettledPosition, planned_batch, settled_position
 from pipeline.jobs.in_process import InProcessBatch, default_in_process_bytes, run_in_process
+from pipeline.jobs.stopping import StopGate, StopRequest
+from pipeline.spark.errors import OptionError
 from pipeline.spark.ledger import BatchLedger
+from pipeline.spark.options import cut_option
 from pipeline.spark.session import default_parallelism
 from pipeline.streams import StreamCut, open_store, parse_stream
 
@@ -66,8 +70,13 @@ class RunOptions:
     #: process, without Spark (`in_process.py`); 0 always starts Spark; None: as
     #: `$SLUICE_IN_PROCESS_BYTES` says, else 32 MiB (read when the run starts)
     in_process_bytes: int | None = None
-    #: continuous mode only: stop after this long (for tests and scheduled runs; no flag)
+    #: continuous mode only: stop after this long, between two batches (for tests and
+    #: scheduled runs; no flag)
     stop_after_seconds: float | None = None
+    #: SIGTERM or SIGINT stops the query between two batches, a second one at once
+    #: (`stopping.py`): the command line's choice (no flag); a caller with its own way of
+    #: stopping (Dagster's run termination) leaves the signals alone
+    stop_on_signals: bool = False
 
     def flags(self) -> list[str]:
         """The `sluice run` flags that ask for these options (none for a default)."""
@@ -234,7 +243,10 @@ def run_query(
     write through `sink`, report each batch. A run until caught up that is caught up already
     (`caught_up`) runs no batch and never calls a session factory: Spark would plan nothing.
     One whose backlog is small runs it as one batch through `in_process`, when the job gives
-    one, without Spark either (`in_process.py`)."""
+    one, without Spark either (`in_process.py`). A `--from` that is no cut of its stream is
+    refused before Spark starts. The query stops between two batches when asked
+    (`stopping.py`)."""
+    check_start(checkpoint.identity.job, run, sources)
     reports: list[BatchReport] = []
     for _ in range(2):  # a batch planned before this run and never finished, then the backlog
         standing = _standing(checkpoint, sources, run)
@@ -256,28 +268,51 @@ def run_query(
         return tuple(reports)
     if callable(spark):
         spark = spark()
-    frames = [
-        source_frame(
-            spark, s.store, s.stream, resolve_start(checkpoint, run, s, len(sources)), s.emit
+    gate = StopGate(checkpoint.stop_dir, len(sources))
+    gate.clear()
+    stop = StopRequest(gate)
+    # After the session: a local one's SparkContext puts its own SIGINT handler in place.
+    with stop.installed() if run.stop_on_signals else nullcontext(stop):
+        frames = [
+            source_frame(
+                spark,
+                s.store,
+                s.stream,
+                resolve_start(checkpoint, run, s, len(sources)),
+                s.emit,
+                stop=gate.source_options(i),
+            )
+            for i, s in enumerate(sources)
+        ]
+        events = frames[0]
+        for frame in frames[1:]:
+            events = events.unionByName(frame)
+        writer = sink(events, checkpoint).option("checkpointLocation", str(checkpoint.spark_dir))
+        query = with_trigger(writer, run).start()
+        return (
+            *reports,
+            *await_query(
+                checkpoint.identity.job,
+                query,
+                run,
+                report,
+                checkpoint.ledger_path,  # a sink without a ledger leaves none: counts from Spark
+                first_start=checkpoint.start_cut,
+                stop=stop,
+            ),
         )
-        for s in sources
-    ]
-    events = frames[0]
-    for frame in frames[1:]:
-        events = events.unionByName(frame)
-    writer = sink(events, checkpoint).option("checkpointLocation", str(checkpoint.spark_dir))
-    query = with_trigger(writer, run).start()
-    return (
-        *reports,
-        *await_query(
-            checkpoint.identity.job,
-            query,
-            run,
-            report,
-            checkpoint.ledger_path,  # a sink without a ledger leaves none: counts from Spark
-            first_start=checkpoint.start_cut,
-        ),
-    )
+
+
+def check_start(job: str, run: RunOptions, sources: Sequence[JobSource]) -> None:
+    """Refuse a `--from` that is no cut of each source's stream (`head` and `tail` always
+    do), with the message the `sluice` source would give once Spark had started. Checked on
+    every run, not only a checkpoint's first, where it counts: a service's command line that
+    would fail on a new checkpoint fails at once."""
+    for source in sources:
+        try:
+            cut_option(source.stream, run.starting, "startingCut")
+        except OptionError as exc:
+            raise JobFailed(job, str(exc)) from exc
 
 
 def caught_up(
@@ -397,9 +432,16 @@ def _in_process(
 
 
 def source_frame(
-    spark: SparkSession, store: str, stream: str, run: RunOptions, emit: str = "events"
+    spark: SparkSession,
+    store: str,
+    stream: str,
+    run: RunOptions,
+    emit: str = "events",
+    *,
+    stop: dict[str, str] | None = None,
 ) -> DataFrame:
-    """The `sluice` streaming source over `stream`, as the run options ask."""
+    """The `sluice` streaming source over `stream`, as the run options ask; `stop` connects
+    it to the query's `StopGate`."""
     reader = (
         spark.readStream.format("sluice")
         .option("store", store)
@@ -407,6 +449,7 @@ def source_frame(
         .option("startingCut", run.starting)
         .option("minPartitions", str(max(2, default_parallelism(spark))))
         .option("emit", emit)
+        .options(**(stop or {}))
     )
     if run.max_events is not None:
         reader = reader.option("maxEventsPerTrigger", str(run.max_events))
@@ -448,17 +491,22 @@ def await_query(
     ledger: Path | None = None,
     *,
     first_start: str | None = None,
+    stop: StopRequest | None = None,
 ) -> tuple[BatchReport, ...]:
-    """Wait for the query, reporting each batch; stop it on Ctrl-C or `stop_after_seconds`.
+    """Wait for the query, reporting each batch; stop it when `stop` asks (a signal, with
+    `run.stop_on_signals`), after `stop_after_seconds`, or on a KeyboardInterrupt (a caller
+    that leaves SIGINT to pyspark: at once).
 
     `first_start` names the start of a checkpoint's first batch (Spark reports none)."""
+    stop = stop or StopRequest()
     seen: dict[int, BatchReport] = {}
     started = time.monotonic()
     try:
         while not query.awaitTermination(0.5):
             _collect(job, query, (ledger, first_start), seen, report)
             if run.stop_after_seconds and time.monotonic() - started > run.stop_after_seconds:
-                query.stop()
+                stop.ask(f"{flag_number(run.stop_after_seconds)} s are up")
+            stop.act(query)
     except KeyboardInterrupt:
         query.stop()
     except Exception as exc:  # StreamingQueryException: the query died

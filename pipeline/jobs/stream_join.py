@@ -25,6 +25,7 @@ from pipeline.jobs.runner import (
     SERVICE,
     BatchReport,
     BatchStates,
+    JobFailed,
     JobSource,
     JobSummary,
     RunOptions,
@@ -32,7 +33,7 @@ from pipeline.jobs.runner import (
     run_query,
     sluice_run,
 )
-from pipeline.timejoin import JoinInputError, Side, StreamingJoin
+from pipeline.timejoin import InvalidMaxGap, JoinInputError, Side, StreamingJoin, check_max_gap
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -151,13 +152,25 @@ def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
         pq.write_table(rows, staging, compression="zstd")
 
 
-def _foreach(spec: StreamJoinSpec, root: Path) -> Callable[[DataFrame, int], None]:
+def check_spec(spec: StreamJoinSpec) -> FlattenPlan:
+    """The spec's flatten plan, once what a batch would refuse is refused (before Spark
+    starts): a time column the schema lacks, a max gap that is no number of seconds."""
     from pipeline.schemas import flatten_plan
 
     plan = flatten_plan(spec.schema)
     if spec.time_column not in plan.arrow_schema.names:
         reason = f"schema {spec.schema} has no column {spec.time_column!r}"
         raise JoinInputError(spec.left.stream, reason)
+    try:
+        check_max_gap(spec.max_gap_seconds)
+    except InvalidMaxGap as exc:
+        job = "join"
+        raise JobFailed(job, str(exc)) from exc
+    return plan
+
+
+def _foreach(spec: StreamJoinSpec, root: Path) -> Callable[[DataFrame, int], None]:
+    plan = check_spec(spec)
 
     def run_batch(batch: DataFrame, batch_id: int) -> None:
         process_batch(spec, plan, root, batch_id, batch.toArrow())
@@ -172,6 +185,7 @@ def join_streams(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the join job (see the module doc) until caught up or stopped."""
+    check_spec(spec)
     sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
         spec.right.routing_key
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.spark.errors import OptionError
-from pipeline.streams import InvalidName, parse_stream
+from pipeline.streams import InvalidCut, InvalidName, StreamCut, parse_stream
 
 SOURCE = "sluice"
 EXPORT = "sluice-export"
@@ -70,6 +70,20 @@ def _state(options: Mapping[str, str]) -> str | None:
     return state
 
 
+def cut_option(stream: str, text: str, option: str) -> StreamCut | None:
+    """A cut option's text (`startingCut`, `endingCut`) as a cut of `stream`; None for `head`,
+    `tail` or `latest`, which only the store can resolve. A text that is no cut, or a cut of
+    another stream, is an `OptionError`: pyspark-free, so a job checks `--from` with the
+    source's own words before Spark starts."""
+    if text.lower() in ("head", "tail", "latest"):
+        return None
+    try:
+        scope, name = parse_stream(stream)
+        return StreamCut.parse(text).check_stream(scope, name)
+    except InvalidCut as exc:
+        raise OptionError(SOURCE, option, text, f"{exc} (or use head / tail)") from None
+
+
 def _batch_id(source: str, options: Mapping[str, str]) -> int | None:
     batch = _get(options, "batchId")
     if batch is not None and not batch.isdigit():
@@ -96,6 +110,8 @@ class SourceOptions:
     min_partitions: int = 2
     min_split_bytes: int = 1 << 20
     emit: Literal["events", "ranges"] = "events"
+    stop_request: str | None = None
+    stop_seen: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -112,6 +128,8 @@ class SourceOptions:
             min_partitions=_positive(SOURCE, options, "minPartitions", 2) or 2,
             min_split_bytes=_positive(SOURCE, options, "minSplitBytes", 1 << 20) or 1 << 20,
             emit="ranges" if emit == "ranges" else "events",
+            stop_request=_get(options, "stopRequest"),
+            stop_seen=_get(options, "stopSeen"),
         )
 
 

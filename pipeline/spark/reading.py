@@ -9,8 +9,10 @@ failed batch gives exactly-once input to an idempotent sink. Details: `DESIGN.md
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from itertools import accumulate, pairwise
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -27,10 +29,9 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pipeline.spark.errors import OptionError
-from pipeline.spark.options import SOURCE, SourceOptions
+from pipeline.spark.options import SOURCE, SourceOptions, cut_option
 from pipeline.streams import (
     EventBatch,
-    InvalidCut,
     StreamCut,
     StreamStore,
     open_store,
@@ -87,15 +88,10 @@ def cut_of(offset: dict, stream: str) -> StreamCut:
 
 def resolve_cut(store: StreamStore, stream: str, text: str, option: str) -> StreamCut:
     """`head`, `tail` or a cut's text, as a cut of `stream`."""
-    lowered = text.lower()
-    if lowered == "head":
-        return store.head(stream)
-    if lowered in ("tail", "latest"):
-        return store.tail(stream)
-    try:
-        return cut_of({"cut": text}, stream)
-    except InvalidCut as exc:
-        raise OptionError(SOURCE, option, text, f"{exc} (or use head / tail)") from None
+    cut = cut_option(stream, text, option)
+    if cut is not None:
+        return cut
+    return store.head(stream) if text.lower() == "head" else store.tail(stream)
 
 
 def plan_ranges(
@@ -233,6 +229,8 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offset_of(self.store.tail(self.opts.stream))
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self._stop_requested():
+            return start  # nothing more: Spark plans no batch (`SourceOptions`, "stop")
         begin = cut_of(start, self.opts.stream)
         ceiling = self._ceiling(begin)
         if isinstance(limit, ReadAllAvailable):
@@ -250,6 +248,17 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_bytes=max_bytes,
         )
         return offset_of(admitted)
+
+    def _stop_requested(self) -> bool:
+        """Whether the job asked its query to stop (`stopRequest` exists); if so, say that this
+        source saw it (`stopSeen`). Spark asks for offsets at the start of a trigger, after
+        the previous batch's commit, so the batch before this call is done."""
+        request, seen = self.opts.stop_request, self.opts.stop_seen
+        if request is None or not os.path.exists(request):
+            return False
+        if seen is not None:
+            Path(seen).touch()
+        return True
 
     def _ceiling(self, begin: StreamCut) -> StreamCut:
         """The furthest cut a batch may reach: the tail (or AvailableNow's), capped by the end."""

@@ -1,7 +1,8 @@
 """Each job spec's command line, parsed by the real `sluice run` parser, gives the spec back.
 
 This is what lets Dagster print a service command (`assets/catch_up.py`, `assets/slices.py`)
-that runs exactly the spec its assets run, on the same checkpoint. No Spark is started.
+that runs exactly the spec its assets run, on the same checkpoint. No Spark is started; what a
+batch would refuse is refused before Spark starts, in the words it would have used.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import cli
 from pipeline.cli import build_parser
+from pipeline.cli import run as run_command
 from pipeline.cli.run import job_spec, run_options
 from pipeline.jobs.bookmark import BookmarkError, BookmarkSpec, Condition
 from pipeline.jobs.console import ConsoleSpec
@@ -127,3 +130,60 @@ def test_a_batch_without_the_total_input_rows_counts_its_sources():
     connect = {"numInputRows": None, "sources": [{"numInputRows": 40}, {"numInputRows": 2}]}
     assert _input_rows(connect) == 42
     assert _input_rows({"numInputRows": 7, "sources": [{"numInputRows": 40}]}) == 7
+
+
+OTHER_CUT = "v1~edge~other~0-0"
+#: `sluice run` argv (after `--store`) -> the one line it is refused with
+REFUSED = {
+    "mirror --from garbage": (
+        ["mirror", "--stream", "edge/net", "--to", "cloud/net", "--from", "garbage"],
+        "mirror job failed: sluice option startingCut ('garbage'): invalid stream cut "
+        "'garbage': expected v1~SCOPE~STREAM~SEGMENT-OFFSET... (or use head / tail)",
+    ),
+    "console --from another stream's cut": (
+        ["console", "--stream", "edge/net", "--continuous", "--from", OTHER_CUT],
+        f"console job failed: sluice option startingCut ({OTHER_CUT!r}): invalid stream cut "
+        f"{OTHER_CUT!r}: it is a cut of stream edge/other, not of edge/net (or use head / tail)",
+    ),
+    "bookmark --above a column the rows lack": (
+        ["bookmark", "--stream", "edge/net", "--schema", "NetworkSamples", "--above", "rx=1"],
+        "bookmark job failed: bookmark --above: no column 'rx' in the rows",
+    ),
+    "bookmark --slices-stream no stream name": (
+        ["bookmark", "--stream", "edge/net", "--schema", "NetworkSamples", "--above",
+         "RxBytes=1", "--slices-stream", "my slices"],
+        "bookmark job failed: invalid stream name 'my slices': expected SCOPE/STREAM (use "
+        "1-255 ASCII letters, digits, '-', '_' or '.', not starting with '.' or '-')",
+    ),
+    "join --max-gap below zero": (
+        ["join", "--left", "edge/net#a", "--right", "edge/net#b", "--schema", "NetworkSamples",
+         "--output", "pairs", "--max-gap", "-1"],
+        "join job failed: max gap -1.0: give a finite number of seconds, zero or more "
+        "(--max-gap)",
+    ),
+    "join --time-column the schema lacks": (
+        ["join", "--left", "edge/net#a", "--right", "edge/net#b", "--schema", "NetworkSamples",
+         "--output", "pairs", "--time-column", "when"],
+        "cannot join edge/net: schema NetworkSamples has no column 'when'",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_what_a_batch_would_refuse_is_refused_before_spark_starts(
+    store, store_dir, monkeypatch, capsys, case
+):
+    """A bad `--from` (or condition, slices stream, max gap, time column) used to be found by
+    the first batch, after Spark's start-up (about 10 s): now the job fails at once, with the
+    same line, and never asks for a session."""
+    argv, message = REFUSED[case]
+    store.create_stream("edge/net", segments=2)
+
+    def no_spark(task):
+        msg = "Spark was started"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr(run_command, "_session", no_spark)
+    code = cli.main(["--store", f"embedded:{store_dir}", "run", *argv])
+    said = capsys.readouterr().err.splitlines()  # the progress lines, then the error
+    assert (code, said[-1]) == (1, f"sluice: error: {message}")

@@ -123,6 +123,26 @@ def test_a_missing_sluice_config_file_is_an_error(tmp_path, monkeypatch, capsys)
     assert capsys.readouterr().err.startswith(f"sluice: error: {missing}: no such configuration")
 
 
+@pytest.mark.parametrize(
+    ("text", "command"),
+    [
+        ('[stores.edge]\nembeded = "elsewhere"\n', ["store", "list"]),  # else the default store
+        ('[streams.x]\nstreem = "a/b"\n', ["slices", "list", "a/b"]),
+        ("[checks]\nquarantine_rate_maximum = 0.1\n", ["store", "create", "a/b"]),
+    ],
+)
+def test_every_command_checks_the_whole_file_first(tmp_path, monkeypatch, capsys, text, command):
+    """A misspelt key is one error naming it, whatever the command: the store commands once
+    read only the part they needed, and went on without the misspelt setting."""
+    monkeypatch.setenv("SLUICE_CONFIG", str(write(tmp_path, text)))
+    monkeypatch.setenv("SLUICE_HOME", str(tmp_path / "home"))
+    assert cli.main(command) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sluice: error: ") and "unknown field" in err and err.count("\n") == 1
+    assert not (tmp_path / "home").exists()  # nothing done
+    assert cli.main(["completion", "bash"]) == 0  # a command that reads no sluice.toml
+
+
 def test_no_sluice_toml_in_the_working_directory_is_an_empty_configuration(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SLUICE_CONFIG", raising=False)

@@ -56,6 +56,10 @@ class MissingInstall(SluiceError):
         super().__init__(msg)
 
 
+#: Commands that read no sluice.toml, so a broken one does not stop them.
+CONFIG_FREE = ("completion",)
+
+
 def chosen_command(argv: list[str]) -> str | None:
     """The first argument that names a command (after global options such as --store)."""
     skip = False
@@ -200,11 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     logging_before = (root.level, root.handlers[:])
     try:
         from pipeline.config import FileModes
-        from pipeline.settings import check_environment
+        from pipeline.settings import check_environment, load_settings
 
         check_environment(os.environ)
         umask = FileModes.from_environment().apply()
-        args = resolve_stores(build_parser(chosen_command(argv)).parse_args(argv))
+        command = chosen_command(argv)
+        args = build_parser(command).parse_args(argv)
+        if command not in CONFIG_FREE:
+            load_settings()  # the whole sluice.toml, checked before any command reads a part
+        args = resolve_stores(args)
         configure_logging(args)
         return int(args.func(args) or 0)
     except SluiceError as exc:

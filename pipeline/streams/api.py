@@ -588,6 +588,12 @@ class StreamStore(ABC):
             raise InvalidArgument(name="segments to merge", value=segments, rule=rule)
         info = self.info(stream)
         ranges = sorted(info.active_segment(s).key_range for s in segments)
+        if any(abs(hi - lo) > 1e-12 for (_, hi), (lo, _) in itertools.pairwise(ranges)):
+            rule = (
+                f"only neighbours merge, and their key ranges {ranges} leave a gap"
+                f" (`sluice store info {stream}` lists each segment's)"
+            )
+            raise InvalidArgument(name="segments to merge", value=segments, rule=rule)
         return self.scale(stream, segments, [(ranges[0][0], ranges[-1][1])])[0]
 
     def auto_scale(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pipeline.streams.api import ScalingPolicy
 from pipeline.streams.embedded.engine import Engine, StreamRow
-from pipeline.streams.errors import InvalidCut, SegmentNotActive, StreamSealed
+from pipeline.streams.errors import InvalidArgument, InvalidCut, SegmentNotActive, StreamSealed
 
 EPSILON = 1e-12
 
@@ -92,11 +92,11 @@ def _check_cover(
         or any(lo >= hi for lo, hi in new)
         or (abs(span_old[0] - span_new[0]) > EPSILON or abs(span_old[1] - span_new[1]) > EPSILON)
     ):
-        msg = (
-            f"new key ranges {new} must exactly cover {sorted(old)} of {row.qualified}"
-            " (merge only neighbours)"
+        rule = (
+            f"they must exactly cover {sorted(old)}, the key ranges of the segments of"
+            f" {row.qualified} they replace"
         )
-        raise InvalidCut(text=str(new), reason=msg)
+        raise InvalidArgument(name="key ranges", value=new, rule=rule)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,20 @@ def test_a_retention_that_would_keep_nothing_is_refused_and_nothing_is_created(
     assert store.info("ret/kept") == before
 
 
+def test_a_policy_recorded_before_it_was_checked_is_never_applied(store):
+    """A stream created before `create_stream` refused such a policy keeps its events: retain
+    refuses the policy (`sluice store retain` says so and goes on with the other streams)."""
+    store.create_stream("ret/old", retention=Retention(max_bytes=10))
+    with store.writer("ret/old") as w:
+        w.write(b"e0" * 100)
+    with store._engine.catalog.write() as db:  # as an earlier Sluice recorded it
+        db.execute("UPDATE streams SET retention_bytes=-5 WHERE name='old'")
+    before = store.info("ret/old")
+    with pytest.raises(InvalidArgument, match=re.escape(f"max_bytes -5: {BYTES_RULE}")):
+        store.apply_retention("ret/old")
+    assert store.info("ret/old") == before
+
+
 def test_a_read_overtaken_by_retention_raises_truncated(store):
     store.create_stream("ret/read", retention=Retention(max_age_seconds=HOUR))
     for i in range(128):  # 16 MiB in 128 blocks: more than a read buffers ahead

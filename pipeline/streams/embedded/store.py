@@ -351,6 +351,8 @@ class EmbeddedStore(StreamStore):
         )
         if max_bytes is None and max_age is None:
             return None
+        # a policy recorded before create_stream checked it may keep nothing: never apply it
+        check_retention(Retention(max_bytes, max_age))
         now_ns = now_ns if now_ns is not None else time.time_ns()
         head = engine.head(row).segments
         tail = engine.tail(row).segments

@@ -97,6 +97,10 @@ def plot_rates(
 ) -> RatePlot:
     """Write a PNG scatter of rx and tx Mbit/s over time for one exported stream (read from
     the database in its sandbox; the chart is the only file written)."""
+    if start_ns is not None and end_ns is not None and start_ns >= end_ns:
+        reason = "--from must be before --to (the window holds nothing as given)"
+        msg = f"cannot plot rates of {source.name}"
+        raise AnalyticsError(msg, reason)
     with open_database(paths) as con:
         views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
         if source.view not in views:

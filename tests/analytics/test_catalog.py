@@ -269,5 +269,8 @@ def test_sluice_plot_rates_writes_a_png(capsys, nic_export, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli.main(["plot", "rates", "examples/nothing"]) == 1
     assert "cannot plot examples/nothing: no export of it is known" in capsys.readouterr().err
+    swapped = ["--from", "2026-11-02T00:00Z", "--to", "2026-11-01T00:00Z"]
+    assert cli.main([*argv, *swapped]) == 1
+    assert "--from must be before --to" in capsys.readouterr().err
     assert cli.main(["analytics", "refresh", "--export", f"network={nic_export}"]) == 1
     assert "expected SCOPE/STREAM=DIR" in capsys.readouterr().err

@@ -419,12 +419,11 @@ def process_batch(
     return bookmark_states(root).run(batch_id, step) or []
 
 
-def _process_events(spec: BookmarkSpec, root: Path) -> Callable[[pa.Table, int], None]:
+def _process_events(
+    spec: BookmarkSpec, plan: FlattenPlan, root: Path
+) -> Callable[[pa.Table, int], None]:
     """One batch's events (Arrow, the `sluice` source's columns) through `process_batch`: a
     small backlog's batch run without Spark gets this directly (`in_process.py`)."""
-    from pipeline.schemas import flatten_plan
-
-    plan = flatten_plan(spec.schema)
 
     def run_batch(events: pa.Table, batch_id: int) -> None:
         with open_store(spec.store) as store:
@@ -433,8 +432,8 @@ def _process_events(spec: BookmarkSpec, root: Path) -> Callable[[pa.Table, int],
     return run_batch
 
 
-def _foreach(spec: BookmarkSpec, root: Path) -> Callable[[DataFrame, int], None]:
-    process = _process_events(spec, root)
+def _foreach(spec: BookmarkSpec, plan: FlattenPlan, root: Path) -> Callable[[DataFrame, int], None]:
+    process = _process_events(spec, plan, root)
 
     def run_batch(batch: DataFrame, batch_id: int) -> None:
         process(batch.toArrow(), batch_id)
@@ -452,19 +451,20 @@ def bookmark(
     from pipeline.schemas import flatten_plan
 
     identity = JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
+    plan = flatten_plan(spec.schema)
     try:
-        check_spec(spec, flatten_plan(spec.schema))
+        check_spec(spec, plan)
     except (BookmarkError, InvalidName) as exc:  # in the words a batch would have used
         raise JobFailed(identity.job, str(exc)) from exc
     root = run.checkpoint or default_checkpoint("bookmark", spec.stream, spec.slices_stream)
 
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
-        process = _foreach(spec, checkpoint.root / "bookmarks")
+        process = _foreach(spec, plan, checkpoint.root / "bookmarks")
         return events.writeStream.foreachBatch(process).queryName(f"bookmark {spec.stream}")
 
     with Checkpoint(root, identity) as checkpoint:
         source = JobSource(spec.store, spec.stream)
-        small = events_batch(_process_events(spec, checkpoint.root / "bookmarks"))
+        small = events_batch(_process_events(spec, plan, checkpoint.root / "bookmarks"))
         batches = run_query(
             spark, checkpoint, source, run=run, sink=sink, report=report, in_process=small
         )

@@ -169,9 +169,9 @@ def check_spec(spec: StreamJoinSpec) -> FlattenPlan:
     return plan
 
 
-def _foreach(spec: StreamJoinSpec, root: Path) -> Callable[[DataFrame, int], None]:
-    plan = check_spec(spec)
-
+def _foreach(
+    spec: StreamJoinSpec, plan: FlattenPlan, root: Path
+) -> Callable[[DataFrame, int], None]:
     def run_batch(batch: DataFrame, batch_id: int) -> None:
         process_batch(spec, plan, root, batch_id, batch.toArrow())
 
@@ -185,7 +185,7 @@ def join_streams(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the join job (see the module doc) until caught up or stopped."""
-    check_spec(spec)
+    plan = check_spec(spec)
     sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
         spec.right.routing_key
     )
@@ -193,7 +193,7 @@ def join_streams(
     root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
 
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
-        process = _foreach(spec, checkpoint.root / "join")
+        process = _foreach(spec, plan, checkpoint.root / "join")
         return events.writeStream.foreachBatch(process).queryName(f"join {sources}")
 
     with Checkpoint(root, identity) as checkpoint:

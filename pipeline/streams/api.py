@@ -178,7 +178,8 @@ def check_segments(segments: object) -> int:
 
 def check_retention(retention: Retention) -> Retention:
     """`retention` if each limit it sets is positive; else `InvalidArgument`. Checked when a
-    stream is created, not when a policy is read back, so a stream keeps working."""
+    stream is created, and before a recorded policy is applied (one an earlier Sluice
+    accepted is refused, never applied: it would drop everything)."""
     if retention.max_bytes is not None:
         rule = "keep a positive whole number of bytes, or set no byte limit"
         check_count("retention max_bytes", retention.max_bytes, 1, rule)

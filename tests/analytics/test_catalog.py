@@ -169,7 +169,9 @@ def test_slices_lineage_and_replays_views(paths, store, tmp_path):
     assert query(paths, "SELECT epoch(time) FROM replays ORDER BY 1")[1] == [(1.0,), (2.0,)]
 
 
-def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, monkeypatch):
+@pytest.fixture
+def network_family(tmp_path, monkeypatch):
+    """Settings with one family, `network`: `examples/network` mirrored to `cloud/network`."""
     config = tmp_path / "sluice.toml"
     config.write_text(
         '[streams.network]\nstream = "examples/network"\nschema = "NetworkSamples"\n'
@@ -177,7 +179,11 @@ def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, monkeypatc
         '[stores.cloud]\nembedded = "cloud-streams"\n'
     )
     monkeypatch.setenv("SLUICE_CONFIG", str(config))
-    settings = load_settings()
+    return load_settings()
+
+
+def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, network_family):
+    settings = network_family
     cli_export = parse_export_option(f"examples/accel={tmp_path / 'from-cli'}")
     found = {s.name: s for s in discover_exports(settings, [cli_export])}
     assert found["network"].root == settings.home / "exports" / "network"
@@ -191,18 +197,11 @@ def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, monkeypatc
         parse_export_option("network")
 
 
-def test_a_family_directory_holds_the_stream_its_export_recorded(tmp_path, monkeypatch):
+def test_a_family_directory_holds_the_stream_its_export_recorded(network_family):
     """`sluice run export --stream examples/network` into the directory of the family that
     exports its mirror: the rows are positions of `examples/network` (the views once labelled
     them with the mirror's stream, and `slice_rows` found none of them)."""
-    config = tmp_path / "sluice.toml"
-    config.write_text(
-        '[streams.network]\nstream = "examples/network"\nschema = "NetworkSamples"\n'
-        '[streams.network.mirror]\nstream = "cloud/network"\n'
-        '[stores.cloud]\nembedded = "cloud-streams"\n'
-    )
-    monkeypatch.setenv("SLUICE_CONFIG", str(config))
-    settings = load_settings()
+    settings = network_family
     (family,) = settings.streams
 
     def found() -> ExportSource:

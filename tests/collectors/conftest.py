@@ -121,13 +121,19 @@ def service() -> Iterator[Callable[..., RunningService]]:
         running.thread.join(60)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Poll `condition` every 50 ms until it holds; fail the test after `timeout` seconds."""
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float = 60.0,
+    explain: Callable[[], str] | None = None,
+) -> None:
+    """Poll `condition` every 50 ms until it holds; fail the test after `timeout` seconds,
+    saying what `explain` returns then (the state that kept the condition from holding)."""
     import time
 
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout} s" + (f": {explain()}" if explain else ""))
         time.sleep(0.05)
 
 

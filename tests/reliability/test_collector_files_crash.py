@@ -114,9 +114,16 @@ def run_clean_to_the_end(root: Path, config: Path, inbox: Path) -> None:
             and not buffer.ledger.txns()
         )
 
-    # Generous: in `make test` the Spark kill suites run beside this test, and once a clean
-    # run here needed more than 90 s on 2 cores (alone it takes a few seconds).
-    wait_for(finished, timeout=240)
+    def state() -> str:
+        waiting = [p.name for p in inbox.iterdir()]
+        return (
+            f"files waiting {waiting}, {buffer.depth()} events buffered, transactions"
+            f" {buffer.ledger.txns()}, sender {buffer.meta().get('sender_state')!r}"
+        )
+
+    # Alone a clean run takes a few seconds; beside the Spark kill suites of `make test`, on
+    # 2 cores, some more.
+    wait_for(finished, timeout=120, explain=state)
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0, process.stderr.read()
 

@@ -412,3 +412,33 @@ def test_two_processes_rolling_a_crashed_commit_forward_land_it_once(tmp_path, d
         assert payloads == sorted(expected), "exactly once"
         assert store.get_transaction(stream, txn_id).state() == "committed"
         assert store.verify().ok
+
+
+@pytest.mark.parametrize(
+    "dies",
+    ["before store.json", "after store.json"],
+)
+def test_kill9_while_the_first_open_creates_the_store(tmp_path, dies):
+    """A process killed while it creates a new store (its `store.json` written or not, the
+    catalog's transaction not committed) leaves a store that opens and works, keeping the id
+    of its `store.json`; it used to be refused as a catalog lost over data."""
+    store_dir = tmp_path / "streams"
+    before = dies == "before store.json"
+    patch = (
+        "from pipeline.streams.embedded import binding as b; w = b.write_store_id;"
+        f"b.write_store_id = lambda *a: ({'os._exit(9), ' if before else ''}w(*a), os._exit(9))"
+    )
+    out = run_python(
+        f"import os; {patch}; from pipeline.streams import open_store;"
+        f" open_store('embedded:{store_dir}').list_streams()"
+    )
+    assert out.returncode == 9, out.stderr
+    assert (store_dir / "store.json").exists() != before
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("c/s")
+        with store.writer("c/s") as w:
+            w.write(b"first", routing_key="k")
+        assert [e.payload for e in store.read("c/s")] == [b"first"]
+        assert store.verify().ok
+    with open_store(f"embedded:{store_dir}") as store:
+        assert store.list_streams() == ["c/s"]

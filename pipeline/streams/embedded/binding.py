@@ -19,6 +19,7 @@ from pathlib import Path
 from pipeline.streams.embedded.catalog import FORMAT_VERSION, Catalog, is_newer
 from pipeline.streams.embedded.manifest import (
     STORE_FILE,
+    UNREADABLE_ID,
     SegmentEntry,
     StreamManifest,
     read_manifest,
@@ -116,13 +117,17 @@ def _initialise(
     if version is not None and store_id is not None:
         return store_id  # another process got here first
     path = str(catalog.path)
-    if version is None and (file_id is not None or on_disk):
+    if version is None and on_disk:
         streams = counted(len(on_disk), "stream")
         reason = f"it is new or empty, but data/ holds the directories of {streams}"
         raise CatalogMismatch(path, reason)
     if version is not None and file_id is not None:
         raise CatalogMismatch(path, "it is a version-1 catalog, older than the data beside it")
-    store_id = uuid.uuid4().hex
+    # A new catalog beside a `store.json` but no stream directory: the process that created
+    # the store died between writing the file and committing this transaction (or the catalog
+    # was lost before any stream held data: its segment files live in its directory). No data
+    # can be mixed up, so the store keeps the id of its file.
+    store_id = file_id if version is None and _readable_id(file_id) else uuid.uuid4().hex
     write_store_id(root, store_id, FORMAT_VERSION)
     if version is not None:  # adopt: every stream gets its manifest now
         for (stream_id,) in db.execute("SELECT id FROM streams").fetchall():
@@ -132,6 +137,10 @@ def _initialise(
         [("format_version", str(FORMAT_VERSION)), ("store_id", store_id)],
     )
     return store_id
+
+
+def _readable_id(file_id: str | None) -> bool:
+    return file_id is not None and file_id != UNREADABLE_ID
 
 
 def _unknown_streams(root: Path, catalog: Catalog, on_disk: list[int], store_id: str) -> list[str]:

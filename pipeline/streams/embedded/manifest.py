@@ -117,6 +117,9 @@ def stream_ids_on_disk(root: Path) -> list[int]:
     return sorted(int(p.name) for p in data.iterdir() if p.name.isascii() and p.name.isdigit())
 
 
+UNREADABLE_ID = "unreadable"
+
+
 def _read_store_file(root: Path) -> dict | None:
     """What `store.json` holds; None when there is none; `ValueError` when it is no object."""
     try:
@@ -130,11 +133,12 @@ def _read_store_file(root: Path) -> dict | None:
 
 
 def read_store_id(root: Path) -> str | None:
-    """The id in `store.json`, or None when there is none (a new store, or a lost file)."""
+    """The id in `store.json`, or None when there is none (a new store, or a lost file);
+    `UNREADABLE_ID` when the file holds no JSON object."""
     try:
         raw = _read_store_file(root)
     except ValueError:
-        return "unreadable"
+        return UNREADABLE_ID
     return None if raw is None else str(raw.get("store_id"))
 
 

@@ -22,6 +22,7 @@ from pipeline.streams.embedded.catalog import FORMAT_VERSION, Catalog, now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.integrity import Tally, seal_and_continue
 from pipeline.streams.embedded.manifest import (
+    UNREADABLE_ID,
     StreamManifest,
     read_manifest,
     read_store_id,
@@ -163,7 +164,7 @@ def choose_store_id(root: Path, manifests: dict[int, StreamManifest], tally: Tal
     """The store id of `store.json`, else the one most manifests carry; manifests of another
     store are left out (reported)."""
     store_id = read_store_id(root)
-    if store_id in (None, "unreadable"):
+    if store_id in (None, UNREADABLE_ID):
         counts = Counter(m.store_id for m in manifests.values())
         store_id = counts.most_common(1)[0][0] if counts else os.urandom(16).hex()
     for stream_id, manifest in list(manifests.items()):

@@ -14,6 +14,8 @@ the `sluice_path()` macro, so a copy of the home opens with one setting. Each vi
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from pipeline import durable
 from pipeline.analytics import comments
 from pipeline.analytics.rates import NIC_COLUMNS, rates_sql
 from pipeline.analytics.rates_table import RatesTable, RatesUpdate, stale_tables, sweep
@@ -361,13 +364,30 @@ def _path_macro(home: Path) -> str:
 
 
 def _open_for_writing(database: Path) -> duckdb.DuckDBPyConnection:
-    database.parent.mkdir(parents=True, exist_ok=True)
+    if not database.exists():
+        _create(database)
     try:
         return duckdb.connect(str(database))
     except duckdb.IOException as exc:
         reason = f"{exc} (is another process using it? close it and retry)"
         msg = f"cannot open {database}"
         raise AnalyticsError(msg, reason) from None
+
+
+def _create(database: Path) -> None:
+    """A new, empty database, put in place whole or not at all (a file DuckDB began and
+    never finished, its process killed or the disk full, is one no later refresh could
+    open), and never over one that another refresh has just created."""
+    database.parent.mkdir(parents=True, exist_ok=True)
+    staging = durable.staging_name(database)
+    try:
+        duckdb.connect(str(staging)).close()
+        durable.fsync_path(staging)
+        with contextlib.suppress(FileExistsError):
+            os.link(staging, database)
+        durable.fsync_dir(database.parent)
+    finally:
+        staging.unlink(missing_ok=True)
 
 
 def _build(b: _Builder, exports: list[ExportSource], lineage: list[dict]) -> None:

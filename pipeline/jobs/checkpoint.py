@@ -1,7 +1,8 @@
 """A job's checkpoint directory: held by one run at a time, and read for its progress.
 
     <checkpoint>/job.json       which job it belongs to (`JobIdentity`, versioned)
-                 start_cut      the cut its first batch started from (`--from` resolved)
+                 start_cut      the cut its first batch started from (`--from` resolved);
+                 start_cut.N    with several sources (a join), the cut of source N
                  run.lock       `flock`ed by the one run using it; holds that run's pid
                  spark/         Spark's checkpoint: offsets (stream cuts) and commits
                  ledger.sqlite  the sink's batch ledger (`pipeline/spark/ledger.py`)
@@ -108,12 +109,17 @@ class Checkpoint:
 
     @property
     def start_cut(self) -> str | None:
-        """The cut the checkpoint's first batch started from, once recorded."""
+        """The cut the first batch of a checkpoint of one source started from, once recorded."""
         return recorded_start(self.root)
 
-    def record_start(self, cut: str) -> None:
-        """Remember where a new checkpoint starts, before its first batch is planned."""
-        durable.write_text(self.root / "start_cut", cut + "\n")
+    def start_of(self, source: int, sources: int) -> str | None:
+        """Where source `source` (of `sources`) started, once recorded."""
+        return _read_cut(self.root / _start_file(source, sources))
+
+    def record_start(self, cut: str, source: int = 0, sources: int = 1) -> None:
+        """Remember where a source of a new checkpoint starts, before its first batch is
+        planned."""
+        durable.write_text(self.root / _start_file(source, sources), cut + "\n")
 
     @property
     def is_new(self) -> bool:
@@ -167,9 +173,18 @@ class Checkpoint:
 
 
 def recorded_start(root: Path) -> str | None:
-    """The start cut recorded in the checkpoint at `root` (None for one made before it was)."""
+    """The start cut recorded in the checkpoint of one source at `root` (None for one made
+    before it was)."""
+    return _read_cut(root / _start_file(0, 1))
+
+
+def _start_file(source: int, sources: int) -> str:
+    return "start_cut" if sources == 1 else f"start_cut.{source}"
+
+
+def _read_cut(path: Path) -> str | None:
     try:
-        return (root / "start_cut").read_text().strip() or None
+        return path.read_text().strip() or None
     except FileNotFoundError:
         return None
 

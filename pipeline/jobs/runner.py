@@ -278,7 +278,7 @@ def run_query(
                 spark,
                 s.store,
                 s.stream,
-                resolve_start(checkpoint, run, s, len(sources)),
+                resolve_start(checkpoint, run, s, (i, len(sources))),
                 s.emit,
                 stop=gate.source_options(i),
             )
@@ -459,11 +459,17 @@ def source_frame(
 
 
 def resolve_start(
-    checkpoint: Checkpoint, run: RunOptions, source: JobSource, sources: int = 1
+    checkpoint: Checkpoint, run: RunOptions, source: JobSource, place: tuple[int, int] = (0, 1)
 ) -> RunOptions:
-    """On a new checkpoint, `--from head|tail` as the cut it stands for now in `source`; a
-    job of one source records it in the checkpoint, so that every report of its first batch
-    can name where it began."""
+    """On a new checkpoint, `--from head|tail` as the cut it stands for now in `source` (the
+    first of `place`: which source, of how many), recorded in the checkpoint, so that every
+    report of a first batch can name where it began. Once recorded, that cut is the start of
+    every later run: a run killed before Spark committed batch 0 has Spark plan it (again)
+    from the source's `startingCut`, and `tail` resolved anew would skip the events since the
+    recorded one."""
+    recorded = checkpoint.start_of(*place)
+    if recorded is not None:
+        return replace(run, starting=recorded)
     if not checkpoint.is_new:
         return run
     start = run.starting
@@ -472,8 +478,7 @@ def resolve_start(
             head = start.lower() == "head"
             cut = opened.head(source.stream) if head else opened.tail(source.stream)
         start = cut.text
-    if sources == 1:
-        checkpoint.record_start(start)
+    checkpoint.record_start(start, *place)
     return replace(run, starting=start)
 
 

@@ -13,13 +13,16 @@ import pytest
 
 from pipeline.jobs.checkpoint import (
     BatchTotals,
+    Checkpoint,
+    JobIdentity,
     UnreadableCheckpoint,
     batch_end_cut,
     committed_progress,
     ledger_totals,
 )
+from pipeline.jobs.runner import JobSource, RunOptions, resolve_start
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger
-from pipeline.streams import StreamCut
+from pipeline.streams import StreamCut, open_store
 
 CUTS = [StreamCut.of("edge", "net", {0: 100 * (n + 1), 1: 50 * (n + 1)}) for n in range(3)]
 
@@ -89,3 +92,35 @@ def test_ledger_totals_add_up_the_done_batches_in_the_range(tmp_path):
         max_event_time_ns=9,
     )
     assert ledger_totals(tmp_path, 0, 3).events == 103
+
+
+@pytest.mark.parametrize("sources", [1, 2])
+def test_a_start_resolved_on_a_new_checkpoint_holds_for_every_later_run(tmp_path, sources):
+    """`--from tail` is resolved once per source and recorded: a run killed before Spark
+    committed batch 0 leaves the checkpoint new, and the next run must start where the first
+    one did, not at the tail that has moved on since (its events would never be read)."""
+    store = f"embedded:{tmp_path / 'streams'}"
+    streams = ["edge/left", "edge/right"][:sources]
+    with open_store(store) as opened:
+        for stream in streams:
+            opened.create_stream(stream)
+            with opened.writer(stream) as writer:
+                writer.write(b"history", routing_key="k")
+    identity = JobIdentity("join", "both", "out")
+    run = RunOptions(starting="tail")
+    sources_ = [JobSource(store, stream) for stream in streams]
+
+    def starts() -> list[str]:
+        with Checkpoint(tmp_path / "ck", identity) as checkpoint:
+            return [
+                resolve_start(checkpoint, run, source, (i, sources)).starting
+                for i, source in enumerate(sources_)
+            ]
+
+    first = starts()
+    with open_store(store) as opened:
+        assert first == [opened.tail(stream).text for stream in streams]
+        for stream in streams:
+            with opened.writer(stream) as writer:
+                writer.write(b"after the start", routing_key="k")
+    assert starts() == first

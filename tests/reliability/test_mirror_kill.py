@@ -13,11 +13,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 
 import pytest
 
 from pipeline.streams import open_store
-from tests.spark.killing import job_env, kill_loop, run_to_completion, without_batch_limit
+from tests.spark.killing import (
+    Life,
+    job_env,
+    kill,
+    kill_loop,
+    run_to_completion,
+    start,
+    without_batch_limit,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -62,3 +72,64 @@ def test_mirror_driver_killed_at_random_points(tmp_path, commit_mode, kills):
     for key in {e.routing_key for e in copied}:
         order = [json.loads(e.payload)["seq"] for e in copied if e.routing_key == key]
         assert order == sorted(order), f"events of {key} were reordered"
+
+
+@pytest.mark.parametrize("dies", ["before Spark plans batch 0", "before Spark commits batch 0"])
+def test_a_mirror_from_tail_killed_in_its_first_batch_copies_every_event_after_its_start(
+    tmp_path, dies
+):
+    """A driver killed on a new checkpoint, after it resolved `--from tail` and recorded the
+    cut, before Spark planned or committed batch 0: the next run (same command line) starts
+    from the recorded cut. It used to resolve `tail` again, and Spark re-ran batch 0 from the
+    new tail: the events between the two tails were never copied."""
+    edge, cloud, checkpoint = (
+        f"embedded:{tmp_path / 'edge'}",
+        f"embedded:{tmp_path / 'cloud'}",
+        tmp_path / "ck",
+    )
+    written = []
+
+    def more_events(count: int) -> None:
+        with open_store(edge) as store, store.writer("edge/net") as writer:
+            for _ in range(count):
+                payload = json.dumps({"seq": len(written)}).encode()
+                writer.write(payload, routing_key=f"k{len(written) % KEYS}")
+                written.append(payload)
+
+    with open_store(edge) as store:
+        store.create_stream("edge/net")
+    more_events(10)  # history: `--from tail` skips it
+    history = len(written)
+    argv = [
+        "--store", edge, "run", "mirror", "--stream", "edge/net", "--to", "cloud/net",
+        "--to-store", cloud, "--checkpoint", str(checkpoint), "--from", "tail",
+        "--in-process-bytes", "0",
+    ]  # fmt: skip
+    env = job_env(tmp_path / "home")
+    life = start([*argv, "--continuous", "--trigger", "200ms"], env)
+    offsets, commits = checkpoint / "spark" / "offsets", checkpoint / "spark" / "commits"
+    wait_for((checkpoint / "start_cut").exists, life)
+    if dies == "before Spark plans batch 0":
+        kill(life)
+        more_events(30)
+    else:
+        more_events(30)
+        wait_for((offsets / "0").exists, life)
+        kill(life)
+        assert not (commits / "0").exists(), "killed too late: batch 0 was committed"
+    assert (offsets / "0").exists() == (dies == "before Spark commits batch 0")
+    more_events(20)
+    run_to_completion(argv, env)
+
+    with open_store(cloud) as target:
+        copied = [e.payload for e in target.read("cloud/net")]
+    assert sorted(copied) == sorted(written[history:])
+
+
+def wait_for(condition: Callable[[], bool], life: Life, timeout: float = 120.0) -> None:
+    """Poll `condition` until it holds; fail if the driver ends first or after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert life.proc.poll() is None, life.tail()
+        assert time.monotonic() < deadline, life.tail()
+        time.sleep(0.01)

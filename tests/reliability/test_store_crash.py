@@ -442,3 +442,37 @@ def test_kill9_while_the_first_open_creates_the_store(tmp_path, dies):
         assert store.verify().ok
     with open_store(f"embedded:{store_dir}") as store:
         assert store.list_streams() == ["c/s"]
+
+
+@pytest.mark.parametrize("dies", ["writing the manifests", "before store.json"])
+def test_kill9_while_a_version_1_store_is_adopted(tmp_path, dies):
+    """A process killed while it upgrades a version-1 store (some manifests written, or the
+    catalog committed and `store.json` not yet) leaves a store that opens and keeps its
+    events; a `store.json` written first used to make it a version-1 catalog "older than the
+    data", refused for good (`repair` found no manifests to rebuild from)."""
+    from tests.streams.test_integrity import make_version_1
+
+    store_dir = tmp_path / "streams"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("v1/s", segments=2)
+        with store.writer("v1/s") as writer:
+            for i in range(20):
+                writer.write(f"e{i}".encode(), routing_key=f"k{i}")
+    make_version_1(store_dir)
+    step = "write_manifest" if dies == "writing the manifests" else "write_store_id"
+    patch = (
+        f"from pipeline.streams.embedded import binding as b; w = b.{step};"
+        f"b.{step} = lambda *a: (w(*a) if {step == 'write_manifest'} else None, os._exit(9))"
+    )
+    out = run_python(
+        f"import os; {patch}; from pipeline.streams import open_store;"
+        f" open_store('embedded:{store_dir}').list_streams()"
+    )
+    assert out.returncode == 9, out.stderr
+    assert not (store_dir / "store.json").exists()
+    with open_store(f"embedded:{store_dir}") as store:
+        assert sorted(e.payload for e in store.read("v1/s")) == sorted(
+            f"e{i}".encode() for i in range(20)
+        )
+        assert store.verify().ok
+    assert (store_dir / "store.json").exists()

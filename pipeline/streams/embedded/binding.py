@@ -70,7 +70,7 @@ def _bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) 
                 root, catalog, db, file_id=file_id, on_disk=on_disk, head_block=head_block
             )
     path = str(catalog.path)
-    if file_id is None:  # the file alone was lost: the catalog knows the id
+    if file_id is None:  # a new or adopted store, or the file alone was lost
         write_store_id(root, store_id, FORMAT_VERSION)
     elif file_id != store_id:
         reason = f"the catalog belongs to store {store_id}, the data files to store {file_id}"
@@ -111,7 +111,8 @@ def _initialise(
     head_block: Callable[[int], HeadBlock],
 ) -> str:
     """Give a new store its id, or adopt a version-1 catalog; inside a catalog transaction,
-    so that only one process does it."""
+    so that only one process does it. `store.json` is written after it commits (`_bind`): a
+    version-1 catalog beside a `store.json` is one restored over newer data."""
     rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
     version, store_id = rows.get("format_version"), rows.get("store_id")
     if version is not None and store_id is not None:
@@ -128,7 +129,6 @@ def _initialise(
     # was lost before any stream held data: its segment files live in its directory). No data
     # can be mixed up, so the store keeps the id of its file.
     store_id = file_id if version is None and _readable_id(file_id) else uuid.uuid4().hex
-    write_store_id(root, store_id, FORMAT_VERSION)
     if version is not None:  # adopt: every stream gets its manifest now
         for (stream_id,) in db.execute("SELECT id FROM streams").fetchall():
             write_manifest(root, manifest_of(db, store_id, stream_id, head_block(stream_id)))

@@ -81,6 +81,20 @@ class BufferUnusable(CollectorError):
         super().__init__(msg)
 
 
+class BufferNotWritable(CollectorError):
+    """SQLite cannot write the buffer file: its disk is full or its filesystem read-only.
+    The write is rolled back whole; what was buffered before it is kept."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        msg = (
+            f"buffer {path}: cannot write ({reason}); free space on its filesystem (or make "
+            "it writable): what is buffered is kept, and a running collector goes on by "
+            "itself once it can write"
+        )
+        super().__init__(msg)
+
+
 class BufferOwned(CollectorError):
     """The buffer file belongs to another instance, or holds events for another stream."""
 

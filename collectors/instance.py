@@ -26,7 +26,7 @@ from pathlib import Path
 from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
 from collectors.buffer.schema import CursorState, PendingEvent
 from collectors.drivers.base import Driver
-from collectors.errors import BufferLocked, BufferOwned, BufferUnusable
+from collectors.errors import BufferLocked, BufferOwned, BufferUnusable, CollectorError
 from collectors.failpoints import Failpoints
 from collectors.sender import Sender
 from collectors.settings import InstanceSettings
@@ -192,14 +192,24 @@ class Instance:
                     self.driver.run(ctx)
                     return
                 except Exception as exc:
-                    log.exception(
-                        "%s: driver failed, restarting in %.0fs", self.settings.name, delay
-                    )
-                    ctx.buffer.record_error(self.settings.driver, f"{type(exc).__name__}: {exc}")
+                    self._driver_failed(ctx, exc, delay)
                     self.stop.wait(delay)
                     delay = min(60.0, delay * 2)
         finally:
             ctx.buffer.flush_counters()
+
+    def _driver_failed(self, ctx: InstanceContext, exc: Exception, delay: float) -> None:
+        """Log the failure (one line for a collector error, such as a full disk under the
+        buffer) and record it for `sluice collect status` if the buffer takes the write."""
+        name = self.settings.name
+        if isinstance(exc, CollectorError):
+            log.error("%s: driver failed, restarting in %.0fs: %s", name, delay, exc)
+        else:
+            log.exception("%s: driver failed, restarting in %.0fs", name, delay)
+        try:
+            ctx.buffer.record_error(self.settings.driver, f"{type(exc).__name__}: {exc}")
+        except CollectorError as record_exc:  # the buffer itself may be the problem
+            log.error("%s: cannot record the driver's error: %s", name, record_exc)
 
     @property
     def driver_running(self) -> bool:

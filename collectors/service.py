@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from collectors.drivers.base import Driver
 from collectors.drivers.registry import find_spec
+from collectors.errors import CollectorError
 from collectors.failpoints import Failpoints
 from collectors.instance import Instance, prepare_directory
 from collectors.metrics import serve_metrics
@@ -166,7 +167,10 @@ def _wait_halted(instances: list[Instance], deadline: float, hurry: threading.Ev
 
 def _report_left(instance: Instance, reason: str) -> None:
     left = instance.buffered()
-    instance.record_stop(f"{reason}; {counted(left, 'event')} left in the buffer")
+    try:
+        instance.record_stop(f"{reason}; {counted(left, 'event')} left in the buffer")
+    except CollectorError as exc:  # a full disk: `collect status` tells an unclean stop
+        log.error("%s: cannot record the stop: %s", instance.settings.name, exc)
     if left:
         log.warning(
             "%s: %s stay in the buffer and will be sent at the next start",

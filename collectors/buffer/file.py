@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from collectors.buffer.schema import SCHEMA, SCHEMA_VERSION
-from collectors.errors import BufferSchemaError, BufferUnusable
+from collectors.errors import BufferNotWritable, BufferSchemaError, BufferUnusable
 from collectors.failpoints import Failpoints
 
 
@@ -36,12 +36,25 @@ def connect(path: Path, file_mode: int = 0o600) -> sqlite3.Connection:
         return _prepare_when_unlocked(conn, path)
     except sqlite3.DatabaseError as exc:
         conn.close()
+        refused = not_writable(path, exc)
+        if refused is not None:
+            raise refused from None
         problem = f"is not a SQLite database ({exc})"
         hint = "point buffer_file at a collector buffer, or move this file away"
         raise BufferUnusable(path, problem, hint) from None
     except BaseException:
         conn.close()
         raise
+
+
+#: SQLite's primary result codes for a write its file system refused, and what they mean.
+_REFUSED = {sqlite3.SQLITE_FULL: "no space left on its disk", sqlite3.SQLITE_READONLY: "read-only"}
+
+
+def not_writable(path: Path, exc: sqlite3.Error) -> BufferNotWritable | None:
+    """`BufferNotWritable` when `exc` says the disk is full or the file read-only, else None."""
+    reason = _REFUSED.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+    return None if reason is None else BufferNotWritable(path, f"{reason}: {exc}")
 
 
 LOCKED_WAIT_SECONDS = 60.0
@@ -139,21 +152,49 @@ class BufferFile:
         self.failpoints = failpoints or Failpoints()
         self.turns = turns or WriteTurns()
         self.conn = connect(path, file_mode)
+        self._wal_to_truncate = False
 
     def close(self) -> None:
         self.conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE), taken in turn with the instance's others."""
+        """One write transaction (BEGIN IMMEDIATE), taken in turn with the instance's others.
+        A write the disk refuses (full, read-only) is rolled back whole and raised as
+        `BufferNotWritable`."""
         with self.turns.turn():
-            self.conn.execute("BEGIN IMMEDIATE")
+            self._truncate_wal()
             try:
-                yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            self.conn.execute("COMMIT")
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self.conn
+                except BaseException:
+                    if self.conn.in_transaction:  # SQLite rolls back itself on a full disk
+                        self.conn.execute("ROLLBACK")
+                    raise
+                self.conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                if self.conn.in_transaction:  # a failed COMMIT may leave it open
+                    self.conn.execute("ROLLBACK")
+                refused = not_writable(self.path, exc)
+                if refused is None:
+                    raise
+                self._wal_to_truncate = True
+                self._truncate_wal()
+                raise refused from None
+
+    def _truncate_wal(self) -> None:
+        """After a write the disk refused, and before each write until it succeeds: move the
+        write-ahead log into the database and empty it. With 64 KiB pages the log grows by
+        megabytes between checkpoints: enough to fill a small disk by itself, and to take
+        back the room an operator frees before it is ever checkpointed."""
+        if not self._wal_to_truncate:
+            return
+        try:
+            busy, _, _ = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.OperationalError:
+            return
+        self._wal_to_truncate = bool(busy)
 
     def notify_room(self) -> None:
         """Wake the threads waiting on `room` (new events, or rows dropped)."""

@@ -3,8 +3,12 @@ behaviour a user expects, and nothing stored, buffered or given as input is harm
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
 import sqlite3
+import subprocess
 import threading
 import time
 
@@ -13,7 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from collectors.buffer import Buffer
-from collectors.errors import BufferOwned, BufferUnusable, ConfigError, DriverError
+from collectors.errors import (
+    BufferNotWritable,
+    BufferOwned,
+    BufferUnusable,
+    ConfigError,
+    DriverError,
+)
 from collectors.failpoints import Failpoints
 from collectors.service import run_service
 from pipeline.streams import StoreUnavailable
@@ -273,3 +283,63 @@ def test_buffer_files_are_owner_only_unless_group_read_is_set(
     assert state.stat().st_mode & 0o777 == directory
     for name in ("g.db", "g.db.lock"):
         assert (state / name).stat().st_mode & 0o777 == file, name
+
+
+# --- a full disk under the buffer ----------------------------------------------------------
+def small_disk(path, size: str = "8m") -> bool:
+    """A tmpfs of `size` mounted at `path` (root only); False when it cannot be mounted."""
+    path.mkdir(parents=True)
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    return subprocess.run(command, capture_output=True, check=False).returncode == 0
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """An 8 MiB disk with 5 MiB of it taken by a ballast file, unmounted afterwards."""
+    disk = tmp_path / "small-disk"
+    if not small_disk(disk):
+        pytest.skip("a small tmpfs disk needs root and mount")
+    try:
+        (disk / "ballast").write_bytes(b"\0" * (5 << 20))
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_under_the_buffer_is_survived_and_every_sample_sent_once(
+    make_config, store_dir, full_disk, service, caplog
+):
+    """The buffer's disk fills while sampling: the driver says why it fails, in one line, and
+    retries; once space is freed sampling goes on, and every sample reaches the stream once,
+    in order (the driver thread, and the log, used to die on recording the failure)."""
+    samples = 6_000
+    config = make_config(
+        {"g": generator(max_samples=samples, samples_per_event=100, samples_per_sec=3000)},
+        state_dir=str(full_disk / "collector"),
+    )
+    running = service(config)
+    refused = "cannot write (no space left on its disk"
+
+    def driver_refused() -> bool:
+        return any(
+            "driver failed" in r.getMessage() and refused in r.getMessage() for r in caplog.records
+        )
+
+    wait_for(driver_refused, timeout=30, explain=lambda: f"{running.result} {caplog.text}")
+    assert not [r for r in caplog.records if r.exc_info], "one line, no traceback"
+    (full_disk / "ballast").unlink()
+    assert running.wait(timeout=90) == 0
+    sequences = [s for p in read_payloads(store_dir, "t/h1") for s in p["Sequence"]]
+    assert sequences == list(range(samples))
+
+
+def test_a_collector_started_on_a_full_disk_says_so_in_one_line(make_config, full_disk):
+    with contextlib.suppress(OSError), (full_disk / "filler").open("wb") as filler:
+        while True:
+            filler.write(b"\0" * 65536)
+            filler.flush()
+    config = make_config({"g": generator()}, state_dir=str(full_disk / "collector"))
+    with pytest.raises(BufferNotWritable, match=re.escape("cannot write (no space left on")):
+        run_service(config, Failpoints(), install_signals=False)

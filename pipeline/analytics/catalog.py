@@ -15,6 +15,7 @@ the `sluice_path()` macro, so a copy of the home opens with one setting. Each vi
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -369,9 +370,21 @@ def _open_for_writing(database: Path) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(database))
     except duckdb.IOException as exc:
-        reason = f"{exc} (is another process using it? close it and retry)"
         msg = f"cannot open {database}"
-        raise AnalyticsError(msg, reason) from None
+        raise AnalyticsError(msg, _unopened(exc)) from None
+
+
+def _unopened(exc: duckdb.IOException) -> str:
+    """Why DuckDB did not open the database, and what to do about it."""
+    found = str(exc).splitlines()[0]
+    if "lock" in found:
+        return f"{found} (another process is using it: close it and retry)"
+    if "not a valid DuckDB database" in found or "Could not read enough bytes" in found:
+        return (
+            f"{found}: the file is damaged or no DuckDB database. It holds nothing a refresh"
+            " does not rebuild (views over the exports): move it away and refresh again"
+        )
+    return found
 
 
 def _create(database: Path) -> None:
@@ -420,10 +433,16 @@ def refresh(
     The views are first made as temporary views, which checks every one of them; the file's
     views are then replaced in one transaction, so a failed refresh leaves them as they were
     (rates files they read are removed only after that transaction)."""
-    if not paths.slices_snapshot.exists():
-        snapshot_slices(paths, [])
-    lineage = snapshot_lineage(paths)
-    con = _open_for_writing(paths.database)
+    try:
+        if not paths.slices_snapshot.exists():
+            snapshot_slices(paths, [])
+        lineage = snapshot_lineage(paths)
+        con = _open_for_writing(paths.database)
+    except OSError as exc:  # a read-only or full disk, a regular file where a folder goes
+        msg = f"cannot write {exc.filename or paths.database}"
+        in_the_way = exc.errno in (errno.EEXIST, errno.ENOTDIR)
+        reason = "a regular file is where a directory should be" if in_the_way else exc.strerror
+        raise AnalyticsError(msg, reason or str(exc)) from None
     try:
         con.execute(f"SET VARIABLE sluice_home = {sql_str(paths.home.absolute())}")
         con.execute(_path_macro(paths.home).replace("MACRO", "TEMP MACRO", 1))

@@ -273,3 +273,36 @@ def test_sluice_plot_rates_writes_a_png(capsys, nic_export, tmp_path):
     assert "--from must be before --to" in capsys.readouterr().err
     assert cli.main(["analytics", "refresh", "--export", f"network={nic_export}"]) == 1
     assert "expected SCOPE/STREAM=DIR" in capsys.readouterr().err
+
+
+def test_a_database_path_through_a_regular_file_is_one_clear_error(paths, tmp_path):
+    (tmp_path / "afile").write_text("")
+    database = AnalyticsPaths(paths.home, tmp_path / "afile" / "sluice.duckdb")
+    with pytest.raises(AnalyticsError, match="afile: a regular file is where a directory"):
+        refresh(database, [])
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "cut short"])
+def test_a_damaged_database_says_to_move_it_away_and_refresh_again(paths, damage):
+    refresh(paths, [])
+    whole = paths.database.read_bytes()
+    paths.database.write_bytes(bytes(5000) if damage == "zeroed" else whole[:4096])
+    with pytest.raises(AnalyticsError, match="move it away and refresh again"):
+        refresh(paths, [])
+    paths.database.rename(paths.database.with_name("damaged.duckdb"))
+    assert "samples" in refresh(paths, [])
+
+
+def test_a_database_another_process_holds_names_the_lock(paths):
+    refresh(paths, [])
+    holder = (
+        f"import duckdb, sys; c = duckdb.connect({str(paths.database)!r});"
+        " print('held', flush=True); sys.stdin.read()"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as other:
+        assert other.stdout.readline() == "held\n"
+        with pytest.raises(AnalyticsError, match="another process is using it"):
+            refresh(paths, [])
+        other.stdin.close()

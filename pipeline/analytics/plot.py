@@ -21,6 +21,8 @@ from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths, ExportSou
 from pipeline.wording import counted
 
 DEFAULT_MAX_POINTS = 200_000
+#: The columns a rate is computed from (`rates.py`)
+NIC_COUNTERS = ("RemoteAddr", "Interface", "TimestampNanos", "RxBytes", "TxBytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,15 @@ def plot_rates(
         views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
         if source.view not in views:
             reason = f"the database has no view {source.view!r}: run `sluice analytics refresh`"
+            msg = f"cannot plot rates of {source.name}"
+            raise AnalyticsError(msg, reason)
+        columns = {c[0] for c in con.sql(f'SELECT * FROM "{source.view}" LIMIT 0').description}
+        missing = [c for c in NIC_COUNTERS if c not in columns]
+        if missing:
+            reason = (
+                f"its export has no {', '.join(missing)}: rates are drawn from network-card"
+                f" counters ({', '.join(NIC_COUNTERS)}); query other data with `sluice sql`"
+            )
             msg = f"cannot plot rates of {source.name}"
             raise AnalyticsError(msg, reason)
         window = _window_sql(source.view, start_ns, end_ns)

@@ -26,7 +26,7 @@ from pipeline.jobs.export import ExportSpec, record_export
 from pipeline.jobs.replay import LineageRecord
 from pipeline.jobs.slices import record_slices, time_window_slice
 from pipeline.settings import load_settings
-from tests.analytics.conftest import T0
+from tests.analytics.conftest import T0, write_export
 
 
 @pytest.fixture
@@ -273,6 +273,35 @@ def test_sluice_plot_rates_writes_a_png(capsys, nic_export, tmp_path):
     assert "--from must be before --to" in capsys.readouterr().err
     assert cli.main(["analytics", "refresh", "--export", f"network={nic_export}"]) == 1
     assert "expected SCOPE/STREAM=DIR" in capsys.readouterr().err
+
+
+def test_plot_rates_of_an_export_without_network_counters_says_so(capsys, tmp_path):
+    from pipeline.jobs.export import ExportSpec, record_export
+
+    rows = [
+        {
+            "RemoteAddr": "edge1",
+            "Sensor": "sine",
+            "TimestampNanos": T0 + i,
+            "Sequence": i,
+            "Value": float(i),
+            "LastTimestampFormatted": None,
+            "_segment": 0,
+            "_offset": 0,
+            "_sample": i,
+        }
+        for i in range(5)
+    ]
+    readings = write_export(tmp_path / "readings", rows)
+    record_export(ExportSpec("site/readings", "GeneratorSamples", readings, "embedded:/x"))
+    assert cli.main(["analytics", "refresh"]) == 0
+    capsys.readouterr()
+    assert cli.main(["plot", "rates", "site/readings"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "cannot plot rates of site/readings: its export has no Interface, RxBytes, TxBytes" in err
+    )
+    assert "Traceback" not in err
 
 
 def test_a_database_path_through_a_regular_file_is_one_clear_error(paths, tmp_path):

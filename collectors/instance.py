@@ -110,6 +110,12 @@ class InstanceContext:
         )
 
 
+#: A failed driver is restarted after this many seconds, twice as many after each failure in
+#: a row, at most `RESTART_LONGEST`; a driver that ran that long before failing starts over.
+RESTART_FIRST = 1.0
+RESTART_LONGEST = 60.0
+
+
 class Instance:
     """A driver and a sender around one buffer, started and stopped together."""
 
@@ -185,16 +191,19 @@ class Instance:
         )
 
     def _run_driver(self, ctx: InstanceContext) -> None:
-        delay = 1.0
+        delay = RESTART_FIRST
         try:
             while not self.stop.is_set():
+                started = time.monotonic()
                 try:
                     self.driver.run(ctx)
                     return
                 except Exception as exc:
+                    if time.monotonic() - started >= RESTART_LONGEST:
+                        delay = RESTART_FIRST  # it ran well for a while: a new failure
                     self._driver_failed(ctx, exc, delay)
                     self.stop.wait(delay)
-                    delay = min(60.0, delay * 2)
+                    delay = min(RESTART_LONGEST, delay * 2)
         finally:
             ctx.buffer.flush_counters()
 

@@ -343,3 +343,45 @@ def test_a_collector_started_on_a_full_disk_says_so_in_one_line(make_config, ful
     config = make_config({"g": generator()}, state_dir=str(full_disk / "collector"))
     with pytest.raises(BufferNotWritable, match=re.escape("cannot write (no space left on")):
         run_service(config, Failpoints(), install_signals=False)
+
+
+class FailingDriver:
+    """Fails at once `quick` times, then runs `healthy` seconds before failing; then ends."""
+
+    def __init__(self, quick: int, healthy: float) -> None:
+        self.quick, self.healthy, self.runs = quick, healthy, 0
+
+    def run(self, ctx) -> None:
+        self.runs += 1
+        if self.runs == self.quick + 1:
+            time.sleep(self.healthy)
+        if self.runs <= self.quick + 1:
+            msg = f"sensor gone (run {self.runs})"
+            raise OSError(msg)
+
+
+def test_a_driver_that_ran_well_before_failing_is_restarted_soon(make_config, monkeypatch):
+    """A failed driver is restarted after 1 s, then 2, 4, … up to 60 s while it keeps failing
+    at once; one that ran for the longest wait before it failed starts over at the first (it
+    used to wait as long as the failures of long ago had made it)."""
+    from collectors import instance as module
+
+    monkeypatch.setattr(module, "RESTART_FIRST", 0.01)
+    monkeypatch.setattr(module, "RESTART_LONGEST", 0.2)
+    delays: list[float] = []
+    monkeypatch.setattr(
+        module.Instance, "_driver_failed", lambda self, ctx, exc, delay: delays.append(delay)
+    )
+    config = make_config({"g": generator()})
+    settings = config.instances[0]
+    module.prepare_directory(settings, config.state_dir, config.file_modes)
+    driver = FailingDriver(quick=6, healthy=0.25)
+    running = module.Instance(settings, driver, Failpoints(), store_opener=unreachable)
+    running.start()
+    try:
+        wait_for(lambda: not running.driver_running, timeout=30)
+    finally:
+        running.halt.set()
+        wait_for(lambda: not running.sender_running, timeout=30)
+        running.close()
+    assert delays == [0.01, 0.02, 0.04, 0.08, 0.16, 0.2, 0.01]

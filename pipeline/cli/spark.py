@@ -2,10 +2,11 @@
 
 `start` runs a Spark Connect server with the configuration a local session would have
 (`[spark]` of sluice.toml, `SLUICE_SPARK_*`), bound to loopback behind a random token, and
-records it in `$SLUICE_HOME/spark/connect.json`; from then on `sluice run`, `sluice replay`
-and Dagster's steps attach to it instead of starting a JVM each (`SLUICE_SPARK_REMOTE=local`
-opts out). `--foreground` runs it in the foreground instead (a container's command), with no
-state file. The mechanism: `pipeline/spark/connect.py`; why: `pipeline/spark/DESIGN.md`.
+records it in `$SLUICE_HOME/spark/connect.json` (a Ctrl-C or SIGTERM while it starts stops
+it again); from then on `sluice run`, `sluice replay` and Dagster's steps attach to it
+instead of starting a JVM each (`SLUICE_SPARK_REMOTE=local` opts out). `--foreground` runs
+it in the foreground instead (a container's command), with no state file. The mechanism:
+`pipeline/spark/connect.py`; why: `pipeline/spark/DESIGN.md`.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def _public(state) -> dict:
 
 def _start(args: argparse.Namespace) -> int:
     from pipeline.config import sluice_home
+    from pipeline.jobs.stopping import sigterm_as_ctrl_c
     from pipeline.spark import connect
 
     conf = _settings()
@@ -89,7 +91,8 @@ def _start(args: argparse.Namespace) -> int:
     if missing := connect.without_bytecode():
         print(f"sluice: warning: {connect.bytecode_advice(missing)}", file=sys.stderr)
     home = sluice_home()
-    state = connect.start_server(home, conf, host=args.host, port=args.port)
+    with sigterm_as_ctrl_c():  # Ctrl-C or SIGTERM: `start_server` stops what it launched
+        state = connect.start_server(home, conf, host=args.host, port=args.port)
     print(
         json.dumps({"status": "running", "state": str(connect.state_path(home)), **_public(state)})
     )

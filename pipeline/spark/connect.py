@@ -154,10 +154,25 @@ def accepts(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def is_server(state: ServerState) -> bool:
+    """Whether the process `state` names is alive and is that server: its command line
+    (`spark-submit`'s, then the JVM's) names the server class and the state's port. The pid of
+    a stale state file may be another process's by now: such a one is never waited on or
+    signalled."""
+    if not pid_alive(state.pid):
+        return False
+    try:
+        args = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    port = f"spark.connect.grpc.binding.port={state.port}"
+    return SERVER_CLASS.encode() in args and port.encode() in args
+
+
 def running_server(home: Path) -> ServerState | None:
-    """The Sluice-managed server of `home`, if its process is alive and its port answers."""
+    """The Sluice-managed server of `home`, if it runs (`is_server`) and its port answers."""
     state = ServerState.read(state_path(home))
-    if state is None or not pid_alive(state.pid) or not accepts(state.host, state.port):
+    if state is None or not is_server(state) or not accepts(state.host, state.port):
         return None
     return state
 
@@ -236,12 +251,16 @@ def start_server(
     port: int | None = None,
     timeout: float = 120.0,
 ) -> ServerState:
-    """Start a server for `home` (or return the one already running) and wait until it
-    accepts connections. `host` other than loopback needs TLS and an authenticating proxy in
-    front (`DESIGN.md`); the token alone travels in clear text without TLS."""
-    running = running_server(home)
-    if running is not None:
-        return running
+    """Start a server for `home` and wait until it accepts connections; if one runs, or is
+    starting (its starter may have been killed), wait for that one instead. The state file is
+    written as soon as the server is launched, so `stop_server` finds a server still starting;
+    a start interrupted here (Ctrl-C, or the CLI's SIGTERM) stops it and removes the file.
+    `host` other than loopback needs TLS and an authenticating proxy in front (`DESIGN.md`);
+    the token alone travels in clear text without TLS."""
+    found = ServerState.read(state_path(home))
+    if found is not None and is_server(found):
+        if _until_accepting(found, timeout, alive=lambda: is_server(found)):
+            return found
     state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
     port = port or free_port(host)
     token = secrets.token_urlsafe(32)
@@ -270,18 +289,32 @@ def start_server(
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
         log=str(log),
     )
-    deadline = time.monotonic() + timeout
-    while not accepts(host, port):
-        if proc.poll() is not None:
+    try:
+        write_state(home, state)
+        if not _until_accepting(state, timeout, alive=lambda: proc.poll() is None):
             msg = f"exited with code {proc.returncode} while starting"
             raise ServerError(msg, log)
-        if time.monotonic() > deadline:
-            _terminate(proc.pid)
-            msg = f"not accepting connections on {host}:{port} after {timeout} s"
-            raise ServerError(msg, log)
-        time.sleep(0.1)
-    write_state(home, state)
+    except BaseException:  # a failed start, Ctrl-C, SIGTERM made KeyboardInterrupt
+        _terminate(proc.pid)
+        if ServerState.read(state_path(home)) == state:
+            state_path(home).unlink()
+        raise
     return state
+
+
+def _until_accepting(state: ServerState, timeout: float, alive: Callable[[], bool]) -> bool:
+    """Wait until the server of `state` accepts connections (True), or its process ends
+    (False). One that does neither within `timeout` s is stopped, and ServerError raised."""
+    deadline = time.monotonic() + timeout
+    while not accepts(state.host, state.port):
+        if not alive():
+            return False
+        if time.monotonic() > deadline:
+            _terminate(state.pid)
+            msg = f"not accepting connections on {state.host}:{state.port} after {timeout} s"
+            raise ServerError(msg, Path(state.log))
+        time.sleep(0.1)
+    return True
 
 
 def write_state(home: Path, state: ServerState) -> None:
@@ -344,10 +377,12 @@ def _reap(pid: int) -> None:
 
 
 def stop_server(home: Path) -> ServerState | None:
-    """Stop the server of `home`: what ran (None if none), its state file removed."""
+    """Stop the server of `home`, running or still starting: what the state file named (None
+    if none), the file removed. A process the file names that is not the server
+    (`is_server`: the pid was reused) is left alone."""
     path = state_path(home)
     state = ServerState.read(path)
-    if state is not None and pid_alive(state.pid):
+    if state is not None and is_server(state):
         _terminate(state.pid)
     path.unlink(missing_ok=True)
     return state
@@ -414,17 +449,18 @@ def recycle_server(
             return start_server(home, conf, host=state.host)
 
 
-ServerStatus = Literal["running", "stopped", "stale"]
+ServerStatus = Literal["running", "starting", "stopped", "stale"]
 
 
 def server_status(home: Path) -> tuple[ServerStatus, ServerState | None]:
-    """`running` (alive, accepting), `stale` (a state file whose server died), `stopped`."""
+    """`running` (alive, accepting), `starting` (alive, not accepting yet), `stale` (a state
+    file whose server died), `stopped`."""
     state = ServerState.read(state_path(home))
     if state is None:
         return "stopped", None
-    if running_server(home) is not None:
-        return "running", state
-    return "stale", state
+    if not is_server(state):
+        return "stale", state
+    return ("running" if accepts(state.host, state.port) else "starting"), state
 
 
 #: What the server's new Python processes import first: its `foreachBatch` process (one per

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
 
+from pipeline.spark import connect
 from pipeline.streams import StreamStore
 
 
@@ -47,3 +50,22 @@ def store_uri(store_dir) -> str:
 def source(store) -> str:
     store.create_stream("test/source", segments=2)
     return "test/source"
+
+
+@pytest.fixture
+def fake_server():
+    """Start a process that `connect.is_server` takes for the Spark Connect server on a port
+    (its command line names the server class and the port) without being one: a sleeper in a
+    session of its own, as the server runs. Killed afterwards."""
+    started: list[subprocess.Popen] = []
+
+    def start(port: int) -> subprocess.Popen:
+        argv = [sys.executable, "-c", "import time; time.sleep(120)", connect.SERVER_CLASS]
+        argv.append(f"spark.connect.grpc.binding.port={port}")
+        started.append(subprocess.Popen(argv, start_new_session=True))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()

@@ -150,7 +150,7 @@ def test_no_server_means_a_local_session(tmp_path, monkeypatch):
     assert remote_url(SparkSettings(remote="local")) is None
 
 
-def test_a_found_server_that_does_not_answer_means_a_local_session(tmp_path):
+def test_a_found_server_that_does_not_answer_means_a_local_session(tmp_path, fake_server):
     """A server found running that stops answering before the job's first call (stopped,
     killed or restarted under it) costs the job its warm start, not its run."""
     home = tmp_path / "home"
@@ -158,8 +158,8 @@ def test_a_found_server_that_does_not_answer_means_a_local_session(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as listener:  # accepts, then hangs up
         port = listener.getsockname()[1]
         state = connect.ServerState(
-            1, os.getpid(), "127.0.0.1", port, "t", sys.executable, str(connect.code_root()),
-            "local[2]", 2, "", "",
+            1, fake_server(port).pid, "127.0.0.1", port, "t", sys.executable,
+            str(connect.code_root()), "local[2]", 2, "", "",
         )  # fmt: skip
         connect.write_state(home, state)
         assert connect.running_server(home) is not None

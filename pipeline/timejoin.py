@@ -26,9 +26,12 @@ import pyarrow as pa
 
 from pipeline import durable
 from pipeline.errors import SluiceError
+from pipeline.outputs import check_writable, refusal
 
 Side = Literal["left", "right"]
 STATE_VERSION = 1
+#: What running `join_files` again does after its disk refused the output (`OutputNotWritable`)
+RERUN = "the output file is written whole or not at all"
 
 
 class JoinInputError(SluiceError, ValueError):
@@ -465,11 +468,14 @@ def _first_line(exc: BaseException) -> str:
 
 def check_output(output: Path, inputs: Sequence[Path]) -> None:
     """Refuse an output that is a directory or one of the inputs (the same file after
-    resolving the paths, symbolic links and hard links): writing it would destroy an input."""
+    resolving the paths, symbolic links and hard links): writing it would destroy an input;
+    or one that cannot be written (`check_writable`: a file in the way of its directory, a
+    read-only or full filesystem)."""
     output = Path(output)
     if output.is_dir():
         reason = "it is a directory: give a file name, such as DIR/pairs.parquet"
         raise JoinOutputError(str(output), reason)
+    check_writable(output, "output file", file=True)
     for source in inputs:
         same = output.resolve() == Path(source).resolve()
         if not same and output.exists():
@@ -517,6 +523,9 @@ def join_files(
         with durable.atomic_path(output) as staging:
             write_pairs(result.table, staging)
     except OSError as exc:
+        refused = refusal(output, exc, RERUN, "output file")
+        if refused is not None:
+            raise refused from None
         reason = f"it cannot be written ({exc.strerror or exc})"
         raise JoinOutputError(str(output), reason) from None
     return result

@@ -140,8 +140,11 @@ def cmd_plot_rates(args: argparse.Namespace) -> int:
     from pipeline.analytics.plot import plot_rates
     from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths, discover_exports
     from pipeline.jobs.slices import parse_time_ns
+    from pipeline.outputs import check_writable
     from pipeline.settings import load_settings
 
+    if args.output is not None:  # a file in the way, a full disk: before any query
+        check_writable(args.output, "output file", file=True)
     settings = load_settings()
     exports = discover_exports(settings)
     source = next((s for s in exports if s.matches(args.stream)), None)

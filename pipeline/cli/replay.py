@@ -82,7 +82,14 @@ def _schema_for(stream: str, given: str | None) -> str:
 
 def _run_replay(args: argparse.Namespace) -> int:
     from pipeline.config import sluice_home
-    from pipeline.jobs.replay import ModelError, ReplayError, compare, load_model, replay
+    from pipeline.jobs.replay import (
+        ModelError,
+        ReplayError,
+        compare,
+        load_model,
+        output_directory,
+        replay,
+    )
     from pipeline.jobs.slices import find_slice
     from pipeline.schemas import flatten_plan
     from pipeline.spark.session import spark_session
@@ -104,6 +111,9 @@ def _run_replay(args: argparse.Namespace) -> int:
         task.stage(f"finding slice {slice_id}")
         record = find_slice(store, slice_id, args.slices_stream)
         plan = flatten_plan(_schema_for(record.stream, args.schema))
+        output = args.output if not comparing else None
+        for model in models:  # a file in the way, a full disk: refused before Spark starts
+            output_directory(record, model, sluice_home(), output)
         task.stage("starting Spark")
         spark = spark_session()
         sides = ("a: ", "b: ") if comparing else ("",)
@@ -115,7 +125,7 @@ def _run_replay(args: argparse.Namespace) -> int:
                 model,
                 plan=plan,
                 home=sluice_home(),
-                output_dir=args.output if not comparing else None,
+                output_dir=output,
                 slices_stream=args.slices_stream,
                 on_step=show_steps(task, side, model.spec),
             )

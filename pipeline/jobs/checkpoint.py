@@ -28,6 +28,7 @@ from typing import IO
 from pipeline import durable
 from pipeline.config import sluice_home
 from pipeline.errors import SluiceError
+from pipeline.outputs import check_writable
 from pipeline.spark.ledger import BatchLedger
 from pipeline.streams import StreamCut
 
@@ -128,6 +129,7 @@ class Checkpoint:
         return not offsets.is_dir() or not any(offsets.iterdir())
 
     def __enter__(self) -> Checkpoint:
+        check_writable(self.root, "checkpoint directory")  # a file in the way, a full disk
         self.root.mkdir(parents=True, exist_ok=True)
         self._acquire()
         try:

@@ -33,6 +33,7 @@ from pipeline.jobs.runner import (
     run_query,
     sluice_run,
 )
+from pipeline.outputs import check_writable
 from pipeline.schemas import flatten_plan
 
 if TYPE_CHECKING:
@@ -146,9 +147,13 @@ def export(
     run: RunOptions,
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
-    """Run the export until caught up (`available-now`) or until stopped (`continuous`)."""
+    """Run the export until caught up (`available-now`) or until stopped (`continuous`).
+    An output directory that cannot be written is refused before anything else (Spark, the
+    checkpoint, the export's record); a disk that fills while it runs stops it with
+    `OutputNotWritable` naming the directory, and the next run finishes the batch."""
     plan = flatten_plan(spec.schema, spec.time_field)  # a bad schema fails here, before Spark
     output = spec.output.absolute()
+    check_writable(output)
     identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
     root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
 

@@ -15,7 +15,9 @@ A crash or a failure between 1 and 3 leaves batch N+1 planned and uncommitted, a
 crash does: the next run finds it (`checkpoint.planned_batch`) and re-runs it over the cuts of
 its offset log entry — here when it is small, else in Spark — and the sink's ledger or the
 job's batch states make the re-run publish once. A failure here also hands the batch to
-Spark in the same run. `DESIGN.md`, "Small backlogs without Spark".
+Spark in the same run, but for an output that refused a write (`OutputNotWritable`: a full
+disk), which stops the run: Spark would fail the same way, after starting. `DESIGN.md`,
+"Small backlogs without Spark".
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import durable
+from pipeline.outputs import OutputNotWritable
 from pipeline.streams import StreamCut, open_store
 
 if TYPE_CHECKING:
@@ -153,6 +156,8 @@ def run_in_process(
         write_offset_entry(spark_dir, last, batch_id, end)
     try:
         input_rows = batch(batch_id, ranges)
+    except OutputNotWritable:  # Spark would fail the same way, after starting: stop here
+        raise
     except Exception as exc:  # the batch stays planned: Spark re-runs it from the offset log
         log.warning("batch %d in this process failed (%s): Spark runs it", batch_id, exc)
         return None

@@ -33,6 +33,7 @@ import pyarrow as pa
 from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.jobs.slices import DEFAULT_SLICES_STREAM, SliceRecord, find_slice
+from pipeline.outputs import check_writable, refused_writes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,6 +46,8 @@ LINEAGE_VERSION = 2
 #: lineage records this Sluice reads: version 1 had no `params_hash` (it is computed from
 #: `params`, which version 1 already wrote in the canonical form)
 READABLE_LINEAGE_VERSIONS = (1, 2)
+#: What running a replay again does after its disk refused a write (`OutputNotWritable`)
+RERUN = "a replay is exactly-once per identity, so running it again writes the same files"
 
 #: A replay's long steps, in order: reading the slice (told the bytes between its cuts),
 #: running the model (the rows it gets), writing the results (the rows it returned).
@@ -504,6 +507,19 @@ def _now() -> str:
     return datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def output_directory(
+    record: SliceRecord, model: Model, home: Path, output_dir: Path | None = None
+) -> Path:
+    """Where a replay of `record` through `model` writes (`output_dir`, else its identity's
+    directory under `home`), refused when it holds another replay's files (`OutputInUse`) or
+    cannot be written (`check_writable`): the command line asks before Spark starts."""
+    key = ReplayKey.of(record.slice_id, model)
+    output_dir = Path(output_dir or key.directory(home)).absolute()
+    claim_output(output_dir, key.run_id)
+    check_writable(output_dir)
+    return output_dir
+
+
 def claim_output(output_dir: Path, run_id: str) -> None:
     """Refuse a directory that holds another replay's lineage (`OutputInUse`)."""
     existing = output_dir / "lineage.json"
@@ -536,8 +552,7 @@ def replay(
     started = _now()
     record = find_slice(store, slice_id, slices_stream)
     key = ReplayKey.of(record.slice_id, model)
-    output_dir = Path(output_dir or key.directory(home)).absolute()
-    claim_output(output_dir, key.run_id)
+    output_dir = output_directory(record, model, home, output_dir)
     check_readable(store, record)
     step = on_step or (lambda _step, _count: None)
     start_cut, end_cut = record.cuts
@@ -551,50 +566,52 @@ def replay(
     step("model", rows.num_rows)
     results, model_metrics = run_model(model, rows)
     step("write", results.num_rows)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    results_path = output_dir / "results.parquet"
-    with durable.atomic_path(results_path) as staging:
-        pq.write_table(results, staging, compression="zstd")
-    metrics = {
-        "run_id": key.run_id,
-        "slice_id": record.slice_id,
-        "model": model.spec,
-        "model_version": model.version,
-        "params": model.params,
-        "params_hash": key.params_hash,
-        "input_events": between,
-        "input_rows": rows.num_rows,
-        "quarantined_events": quarantined.num_rows,
-        "quarantine_reasons": sorted(set(quarantined["reason"].to_pylist())),
-        "output_rows": results.num_rows,
-        "model_metrics": model_metrics,
-    }
-    metrics_path = _write_json(output_dir / "metrics.json", metrics)
-    lineage = LineageRecord(
-        run_id=key.run_id,
-        slice_id=record.slice_id,
-        stream=record.stream,
-        sensor=record.sensor,
-        start_cut=record.start_cut,
-        end_cut=record.end_cut,
-        start_time_ns=record.start_time_ns,
-        end_time_ns=record.end_time_ns,
-        input_events=between,
-        input_rows=rows.num_rows,
-        output_rows=results.num_rows,
-        model=model.spec,
-        model_version=model.version,
-        output_dir=str(output_dir),
-        results_path=str(results_path),
-        metrics_path=str(metrics_path),
-        started_at=started,
-        finished_at=_now(),
-        quarantined_events=quarantined.num_rows,
-        params=model.params_text,
-        params_hash=key.params_hash,
-    )
-    _write_json(output_dir / "lineage.json", asdict(lineage))
-    lineage.write(home / "lineage")
+    with refused_writes(output_dir, RERUN):
+        output_dir.mkdir(parents=True, exist_ok=True)
+        results_path = output_dir / "results.parquet"
+        with durable.atomic_path(results_path) as staging:
+            pq.write_table(results, staging, compression="zstd")
+        metrics = {
+            "run_id": key.run_id,
+            "slice_id": record.slice_id,
+            "model": model.spec,
+            "model_version": model.version,
+            "params": model.params,
+            "params_hash": key.params_hash,
+            "input_events": between,
+            "input_rows": rows.num_rows,
+            "quarantined_events": quarantined.num_rows,
+            "quarantine_reasons": sorted(set(quarantined["reason"].to_pylist())),
+            "output_rows": results.num_rows,
+            "model_metrics": model_metrics,
+        }
+        metrics_path = _write_json(output_dir / "metrics.json", metrics)
+        lineage = LineageRecord(
+            run_id=key.run_id,
+            slice_id=record.slice_id,
+            stream=record.stream,
+            sensor=record.sensor,
+            start_cut=record.start_cut,
+            end_cut=record.end_cut,
+            start_time_ns=record.start_time_ns,
+            end_time_ns=record.end_time_ns,
+            input_events=between,
+            input_rows=rows.num_rows,
+            output_rows=results.num_rows,
+            model=model.spec,
+            model_version=model.version,
+            output_dir=str(output_dir),
+            results_path=str(results_path),
+            metrics_path=str(metrics_path),
+            started_at=started,
+            finished_at=_now(),
+            quarantined_events=quarantined.num_rows,
+            params=model.params_text,
+            params_hash=key.params_hash,
+        )
+        _write_json(output_dir / "lineage.json", asdict(lineage))
+    with refused_writes(home / "lineage", RERUN, "lineage directory"):
+        lineage.write(home / "lineage")
     return ReplayResult(lineage, results, metrics)
 
 

@@ -26,6 +26,7 @@ from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import SettledPosition, planned_batch, settled_position
 from pipeline.jobs.in_process import InProcessBatch, default_in_process_bytes, run_in_process
 from pipeline.jobs.stopping import StopGate, StopRequest
+from pipeline.outputs import OutputNotWritable
 from pipeline.spark.errors import OptionError
 from pipeline.spark.ledger import BatchLedger
 from pipeline.spark.options import cut_option
@@ -405,15 +406,18 @@ def _in_process(
     job = checkpoint.identity.job
     log.info("%s: %d bytes since %s: one batch in this process", job, backlog, start.text)
     source = sources[0]
-    result = run_in_process(
-        checkpoint.spark_dir,
-        source.store,
-        source.stream,
-        batch_id=standing.last + 1,
-        cuts=(start, end),
-        planned=standing.planned,
-        batch=batch,
-    )
+    try:
+        result = run_in_process(
+            checkpoint.spark_dir,
+            source.store,
+            source.stream,
+            batch_id=standing.last + 1,
+            cuts=(start, end),
+            planned=standing.planned,
+            batch=batch,
+        )
+    except OutputNotWritable as exc:  # as Spark's query would have failed
+        raise JobFailed(job, str(exc)) from exc
     if result is None:
         return None
     events, rows, quarantined = _counts(checkpoint.ledger_path, result.batch_id, result.input_rows)

@@ -33,6 +33,7 @@ from pipeline.jobs.runner import (
     run_query,
     sluice_run,
 )
+from pipeline.outputs import check_writable, refused_writes
 from pipeline.timejoin import InvalidMaxGap, JoinInputError, Side, StreamingJoin, check_max_gap
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 NS = 1_000_000_000
 TIME_COLUMN = "TimestampNanos"
+#: What running the join again does after its disk refused a write (`OutputNotWritable`)
+RERUN = "the join is exactly-once, so its next run re-runs the batch and writes its pairs once"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,17 +149,24 @@ def process_batch(
 
 
 def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
+    """Write a batch's part file; a disk that refuses it is `OutputNotWritable`, and the
+    batch's state is not saved, so the batch runs again."""
     import pyarrow.parquet as pq
 
-    with durable.atomic_path(output / f"part-{batch_id:012d}.parquet") as staging:
+    with (
+        refused_writes(output, RERUN),
+        durable.atomic_path(output / f"part-{batch_id:012d}.parquet") as staging,
+    ):
         pq.write_table(rows, staging, compression="zstd")
 
 
 def check_spec(spec: StreamJoinSpec) -> FlattenPlan:
     """The spec's flatten plan, once what a batch would refuse is refused (before Spark
-    starts): a time column the schema lacks, a max gap that is no number of seconds."""
+    starts): a time column the schema lacks, a max gap that is no number of seconds, an
+    output directory that cannot be written."""
     from pipeline.schemas import flatten_plan
 
+    check_writable(spec.output)
     plan = flatten_plan(spec.schema)
     if spec.time_column not in plan.arrow_schema.names:
         reason = f"schema {spec.schema} has no column {spec.time_column!r}"

@@ -24,6 +24,10 @@ from pipeline.durable import fsync_path
 STAGING = "_staging"
 QUARANTINE = "_quarantine"
 EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
+#: What running the export again does after its disk refused a write (`OutputNotWritable`):
+#: the failed batch's files were staged and never published, or published from its ledger
+#: record, which the re-run finishes (`export_sink.py`)
+RERUN = "the export is exactly-once, so its next run finishes the batch and writes each row once"
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
+from pipeline.outputs import refused_writes
 from pipeline.spark.errors import BatchConflict
-from pipeline.spark.export_layout import STAGING, FilesMessage, fsync_all, published_name
+from pipeline.spark.export_layout import RERUN, STAGING, FilesMessage, fsync_all, published_name
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
 from pipeline.spark.options import ExportOptions
 
@@ -104,19 +105,22 @@ def make_all_dirs(directories: list[Path]) -> None:
 
 
 def commit_files(opts: ExportOptions, messages: list[Any], batch_id: int | None) -> dict:
-    """Publish a batch's files exactly once (with a ledger) and clear the staging area."""
+    """Publish a batch's files exactly once (with a ledger) and clear the staging area. A
+    disk that refuses a directory or a rename is `OutputNotWritable`: the ledger's record
+    stays, and the batch's re-run finishes publishing it."""
     output = Path(opts.output)
     # A ledger-less batch write is numbered by the clock (milliseconds): unique, increasing.
     number = batch_id if batch_id is not None else time.time_ns() // 10**6
     plan = files_plan(messages, number)
-    if opts.state is None or batch_id is None:
-        stats = publish_files(output, plan, "(no ledger)", number)
-    else:
-        with BatchLedger(opts.state) as ledger:
-            record = ledger.record(batch_id, plan)
-            stats = publish_files(output, record.plan, opts.state, batch_id)
-            if record.state != "done":
-                ledger.finish(batch_id, stats)
+    with refused_writes(output, RERUN):
+        if opts.state is None or batch_id is None:
+            stats = publish_files(output, plan, "(no ledger)", number)
+        else:
+            with BatchLedger(opts.state) as ledger:
+                record = ledger.record(batch_id, plan)
+                stats = publish_files(output, record.plan, opts.state, batch_id)
+                if record.state != "done":
+                    ledger.finish(batch_id, stats)
     shutil.rmtree(output / STAGING, ignore_errors=True)
     return stats
 

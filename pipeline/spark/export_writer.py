@@ -28,9 +28,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from pipeline.outputs import refused_writes
 from pipeline.schemas import Events, Flattened, FlattenPlan, flatten, flatten_plan
 from pipeline.spark.export_layout import (
     EXTENSIONS,
+    RERUN,
     STAGING,
     FilesMessage,
     StagedFile,
@@ -273,11 +275,18 @@ def _write(current: _Open, table: pa.Table) -> None:
 
 
 def export_task(opts: ExportOptions, batches: Iterator[pa.RecordBatch]) -> FilesMessage:
-    """Flatten one task's events and write them as staged files (executor side)."""
+    """Flatten one task's events and write them as staged files (executor side). A disk
+    that refuses a write (full, read-only) fails the task with `OutputNotWritable`, its
+    staged files removed."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
+    with refused_writes(Path(opts.output), RERUN):
+        return _stage(opts, partition, batches)
+
+
+def _stage(opts: ExportOptions, partition: int, batches: Iterator[pa.RecordBatch]) -> FilesMessage:
     plan = flatten_plan(opts.schema, opts.time_field)
     directory = Path(opts.output) / STAGING / f"t{partition:04d}-{uuid.uuid4().hex}"
     directory.mkdir(parents=True)

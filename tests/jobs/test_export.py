@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import cli
+from pipeline.cli import run as run_command
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.runner import RunOptions
 from pipeline.streams import StreamStore
@@ -187,6 +188,49 @@ def test_a_crash_mid_publish_is_finished_by_the_replay(spark, network, tmp_path,
     run_export(capsys, network, out, "--checkpoint", str(ck))
     assert (out / moved["final"]).exists()
     assert parquet_count(out) == network.samples
+
+
+def test_a_disk_that_fills_stops_the_export_in_one_line_and_a_rerun_exports_each_row_once(
+    spark, network, small_disk, monkeypatch, capsys
+):
+    """The audit's full output disk ended with `OSError: [Errno 28] Error writing bytes to
+    file`, naming no path. Now one line names the output directory and says to free space;
+    after that, a re-run finishes the batch (Spark's, then a small one run in this process,
+    which fails without starting Spark) and every sample is in the files once."""
+    out = small_disk.path / "out"
+    argv = ["--store", f"embedded:{network.store_dir}", "run", "export", "--stream"]
+    argv += ["edge/network", "--schema", "NetworkSamples", "--output", str(out)]
+    refused = (
+        f"sluice: error: export job failed: output directory {out}: no space left on its "
+        "filesystem; free space on its filesystem and run again: the export is exactly-once, "
+        "so its next run finishes the batch and writes each row once"
+    )
+    small_disk.fill(leave=16 << 10)  # room for the check before Spark, not for the files
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == refused
+    small_disk.free()
+    assert run_export(capsys, network, out)["rows"] == network.samples
+    assert parquet_count(out) == network.samples
+
+    with network.store.writer("edge/network") as writer:
+        for i in range(40, 50):
+            writer.write(nic(i, 50, T0 + i * 10**9), routing_key=f"eth{i % 2}")
+    in_process = ["--in-process-bytes", str(1 << 20)]
+    monkeypatch.setattr(run_command, "_session", no_spark)
+    small_disk.fill(leave=16 << 10)
+    assert cli.main([*argv, *in_process]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == refused
+    small_disk.free()
+    assert run_export(capsys, network, out, *in_process)["reports"][0]["spark"] is False
+    assert parquet_count(out) == network.samples + 10 * 50
+    lineage = f"{out}/parquet/date=*/hour=*/*.parquet"
+    distinct = f"SELECT count(DISTINCT (_segment, _offset, _sample)) FROM read_parquet('{lineage}')"
+    assert sql(distinct)[0][0] == network.samples + 10 * 50
+
+
+def no_spark(task):
+    msg = "Spark was started"
+    raise AssertionError(msg)
 
 
 SCHEMA_V2 = {

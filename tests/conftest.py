@@ -34,6 +34,7 @@ STARTS_SPARK = (
     "tests/docs/test_guides.py",
     "tests/spark/test_class_archive.py",
     "tests/jobs/test_stopping.py",
+    "tests/spark/test_connect_start.py",
 )
 
 

@@ -19,8 +19,10 @@ import importlib
 import inspect
 import json
 import shutil
+import sys
 import tempfile
 import time
+import traceback
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -73,9 +75,12 @@ class SliceTruncated(ReplayError):
 
 
 class ModelError(ReplayError):
-    def __init__(self, model: str, reason: str) -> None:
-        self.model, self.reason = model, reason
-        msg = f"model {model}: {reason}"
+    """A model that cannot be loaded or run, or whose results cannot be kept; `trace` is the
+    traceback of the model's own code (Sluice's frames left out) when its code raised."""
+
+    def __init__(self, model: str, reason: str, trace: str = "") -> None:
+        self.model, self.reason, self.trace = model, reason, trace
+        msg = f"model {model}: {reason}" + (f"\n{trace}" if trace else "")
         super().__init__(msg)
 
 
@@ -254,9 +259,13 @@ def load_model(spec: str, params: dict[str, Any] | None = None) -> Model:
     if not colon or not module_name or not name:
         raise ModelError(spec, "name it as module:function, e.g. pipeline.models.nic:throughput")
     try:
-        module = importlib.import_module(module_name)
+        with contextlib.redirect_stdout(sys.stderr):  # standard output is the command's
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelError(spec, f"cannot import {module_name} ({exc})") from None
+    except Exception as exc:  # the module's own code: a syntax error, a raise at import
+        reason = f"importing {module_name} raised {_described(exc)}"
+        raise ModelError(spec, reason, model_trace(exc)) from None
     function = getattr(module, name, None)
     if not callable(function):
         raise ModelError(spec, f"{module_name} has no function {name!r}")
@@ -278,6 +287,11 @@ def _bind_params(spec: str, function: Callable[..., Any], params: dict[str, Any]
         return params
     with contextlib.suppress(Exception):  # annotations as types, where they evaluate here
         signature = inspect.signature(function, eval_str=True)
+    positional = {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    positional.add(inspect.Parameter.VAR_POSITIONAL)
+    if not any(p.kind in positional for p in signature.parameters.values()):
+        reason = "takes no argument for the slice's rows: a model is function(frame, **params)"
+        raise ModelError(spec, reason)
     params = {
         name: canonical_value(spec, signature.parameters[name], value)
         if name in signature.parameters
@@ -369,26 +383,101 @@ def takes_arrow(model: Model) -> bool:
 def run_model(model: Model, rows: pa.Table | pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
     """Call the model on the rows: a pandas model gets a DataFrame (dictionary columns
     decoded), an Arrow model (`takes_arrow`) the table, or the DataFrame it is given; one
-    that returns `NotImplemented` for a table is called again with its DataFrame. Returns
-    its results as an Arrow table (no pandas index, no schema metadata) and its metrics."""
-    import pandas as pd
-
+    that returns `NotImplemented` for a table is called again with its DataFrame. What it
+    prints goes to standard error (standard output is the command's). Returns its results
+    as an Arrow table (no pandas index, no schema metadata) and its metrics as JSON values;
+    a model that raises, or returns what a replay cannot keep, is a `ModelError`."""
     from pipeline.spark.replay_reader import decoded
 
-    out = NotImplemented
-    if isinstance(rows, pa.Table) and takes_arrow(model):
-        out = model.function(rows, **model.params)
-    if out is NotImplemented:
-        frame = decoded(rows).to_pandas() if isinstance(rows, pa.Table) else rows
-        out = model.function(frame, **model.params)
-    results, metrics = out if isinstance(out, tuple) else (out, {})
+    with contextlib.redirect_stdout(sys.stderr):
+        out = NotImplemented
+        if isinstance(rows, pa.Table) and takes_arrow(model):
+            out = _call(model, rows)
+        if out is NotImplemented:
+            frame = decoded(rows).to_pandas() if isinstance(rows, pa.Table) else rows
+            out = _call(model, frame)
+    results, metrics = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
+    return _results_table(model.spec, results, metrics), _json_metrics(model.spec, metrics)
+
+
+#: Columns the analytics `replays` view adds to each result row (from its lineage record,
+#: and DuckDB's `filename`): a model's results cannot have columns of these names.
+VIEW_COLUMNS = ("run_id", "slice_id", "model", "model_version", "params_hash", "filename")
+
+
+def _call(model: Model, rows: pa.Table | pd.DataFrame) -> Any:
+    try:
+        return model.function(rows, **model.params)
+    except (Exception, SystemExit) as exc:  # `sys.exit()` in a model ends no replay silently
+        raise ModelError(model.spec, f"raised {_described(exc)}", model_trace(exc)) from None
+
+
+def _results_table(spec: str, results: Any, metrics: Any) -> pa.Table:
+    """The model's results as an Arrow table a Parquet file and the `replays` view hold."""
+    import pandas as pd
+
+    if not isinstance(results, pd.DataFrame | pa.Table) or not isinstance(metrics, dict):
+        got = f"({type(results).__name__}, {type(metrics).__name__})"
+        reason = f"must return a pandas DataFrame or pyarrow Table, or (that, dict), not {got}"
+        raise ModelError(spec, reason)
     if isinstance(results, pd.DataFrame):
-        results = pa.Table.from_pandas(results.reset_index(drop=True), preserve_index=False)
-    if not isinstance(results, pa.Table) or not isinstance(metrics, dict):
-        got = f"{type(results).__name__}, {type(metrics).__name__}"
-        reason = f"must return a pandas DataFrame or pyarrow Table, or (that, dict), not ({got})"
-        raise ModelError(model.spec, reason)
-    return results.replace_schema_metadata(None), metrics
+        try:
+            results = pa.Table.from_pandas(results.reset_index(drop=True), preserve_index=False)
+        except (pa.ArrowException, ValueError) as exc:
+            found = "; ".join(map(str, exc.args))  # pyarrow: (what failed, in which column)
+            reason = f"its results cannot be written as Parquet ({found}): give each column "
+            raise ModelError(spec, reason + "one type, and unique names") from None
+    names = results.schema.names
+    if not names:
+        reason = (
+            "returned a table without columns: an empty result is its columns without rows, "
+            "e.g. pd.DataFrame(columns=[...])"
+        )
+        raise ModelError(spec, reason)
+    if clashing := sorted({n for n in names if n in VIEW_COLUMNS or names.count(n) > 1}):
+        reason = (
+            f"its results have columns {clashing}, which are repeated or named as the "
+            f"`replays` view's own ({', '.join(VIEW_COLUMNS)}): rename them"
+        )
+        raise ModelError(spec, reason)
+    return results.replace_schema_metadata(None)
+
+
+def _json_metrics(spec: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics as the JSON values `metrics.json` holds (numpy numbers as Python's)."""
+
+    import numpy as np
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, np.generic):
+            return value.item()
+        msg = f"a {type(value).__name__}: {value!r}"
+        raise TypeError(msg)
+
+    try:
+        return json.loads(json.dumps(metrics, default=plain))
+    except (TypeError, ValueError) as exc:
+        reason = f"its metrics hold a value that is not JSON ({exc}): return numbers, text, "
+        raise ModelError(spec, reason + "true/false, null, and lists and dicts of them") from None
+
+
+def _described(exc: BaseException) -> str:
+    """`Type: first line of the message`: an exception on one line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def model_trace(exc: BaseException) -> str:
+    """The traceback of `exc` from the model's own code on: the frames of Sluice's call and
+    of Python's import machinery left out (a syntax error keeps its file, line and caret)."""
+    tb = exc.__traceback__
+    while tb is not None and _not_the_models(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+
+
+def _not_the_models(filename: str) -> bool:
+    return filename in (__file__, importlib.__file__) or filename.startswith("<frozen ")
 
 
 # --- reading the slice ----------------------------------------------------------------------

@@ -51,8 +51,14 @@ def _check_version(con: duckdb.DuckDBPyConnection, paths: AnalyticsPaths) -> Non
         version = con.execute("SELECT sluice_catalog_version()").fetchone()[0]
     except duckdb.Error:
         version = None
+    if version is None:  # the first refresh failed, or the views predate the version macro
+        reason = (
+            "no refresh of this Sluice has built its views (the first one failed, or an older"
+            " Sluice built them): run `sluice analytics refresh`"
+        )
+        raise AnalyticsError(str(paths.database), reason)
     if version != CATALOG_VERSION:
-        what = "an older Sluice" if version is None or version < CATALOG_VERSION else "a newer one"
+        what = "an older Sluice" if version < CATALOG_VERSION else "a newer one"
         reason = (
             f"its views were built by {what} (version {version}, this Sluice reads "
             f"{CATALOG_VERSION}): rebuild them with `sluice analytics refresh`"

@@ -193,6 +193,19 @@ def test_errors_are_one_clear_line(sluice, args, message):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("action", [("info", "a/b"), ("read", "a/b"), ("cut", "a/b"), ("verify",)])
+def test_looking_at_a_store_that_does_not_exist_never_creates_it(sluice, tmp_path, action):
+    """A misspelt --store used to be opened as a new store: a directory with a catalog was
+    left behind, and the command went on as if the store were empty."""
+    typo = tmp_path / "typo"
+    proc = sluice("--store", f"embedded:{typo}", "store", *action, ok=False)
+    assert f"no store at {typo}: nothing was ever written there" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    listed = sluice("--store", f"embedded:{typo}", "store", "list")
+    assert (listed.stdout, listed.stderr.count("\n")) == ("", 1)
+    assert not typo.exists()
+
+
 def test_edge_install_runs_store_and_collect_without_platform_packages(tmp_path):
     """With pyspark, duckdb and dagster unimportable, `sluice store` and `sluice collect` still
     start, and a platform command names the install it needs in one line."""

@@ -83,7 +83,7 @@ def _run_slices_list(args: argparse.Namespace) -> int:
     from pipeline.jobs.slices import SliceExtent, list_slices
     from pipeline.streams import StreamNotFound, open_store, parse_stream
 
-    with open_store(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         if not store.stream_exists(args.stream):  # as `slices create` refuses it
             raise StreamNotFound(*parse_stream(args.stream))
         records = list_slices(store, args.stream, args.slices_stream)

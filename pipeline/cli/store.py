@@ -7,20 +7,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import IO
 
 from pipeline.cli.options import positive_number, whole_number
 from pipeline.cli.progress import Progress
 from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
-from pipeline.streams import (
-    StoreUnavailable,
-    StreamCut,
-    StreamNotFound,
-    StreamStore,
-    open_store,
-)
+from pipeline.streams import NoStore, StreamCut, StreamNotFound, StreamStore, open_store
 from pipeline.streams.api import Retention, ScalingPolicy
 from pipeline.wording import counted
 
@@ -187,25 +180,6 @@ def resolve_cut(store: StreamStore, stream: str, text: str) -> StreamCut:
     return StreamCut.parse(text).check_stream(scope, name)
 
 
-class NoStore(StoreUnavailable):
-    """An embedded store's directory does not exist: nothing was ever written there."""
-
-    def __init__(self, uri: str, directory: str) -> None:
-        reason = f"no store at {directory}: nothing was ever written there (check --store)"
-        super().__init__(uri, reason)
-
-
-def open_existing(uri: str | None) -> StreamStore:
-    """The store, for a command that only looks at it: an embedded store whose directory does
-    not exist is refused (`NoStore`), not created, so a misspelt `--store` leaves no new
-    empty store behind."""
-    uri = uri or default_store_uri()
-    scheme, _, directory = uri.partition(":")
-    if scheme == "embedded" and directory and not Path(directory).expanduser().exists():
-        raise NoStore(uri, directory)
-    return open_store(uri)
-
-
 def cmd_create(args: argparse.Namespace) -> int:
     retention = Retention(args.retention_bytes, args.retention_seconds)
     with open_store(args.store) as store:
@@ -216,7 +190,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     try:
-        store = open_existing(args.store)
+        store = open_store(args.store, must_exist=True)
     except NoStore as exc:  # no stream to list (a new home, or a misspelt --store)
         print(f"sluice: {exc.reason}", file=sys.stderr)
         return 0
@@ -227,7 +201,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    with open_existing(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         print(json.dumps(store.info(args.stream).as_dict(), indent=2))
     return 0
 
@@ -246,7 +220,7 @@ def cmd_write(args: argparse.Namespace) -> int:
 
 def cmd_read(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
-    with open_existing(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         start = resolve_cut(store, args.stream, args.start)
         while True:
             end = resolve_cut(store, args.stream, args.end or "tail")
@@ -285,7 +259,7 @@ def bytes_between(start: StreamCut, end: StreamCut) -> int:
 
 
 def cmd_cut(args: argparse.Namespace) -> int:
-    with open_existing(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         print(store.tail(args.stream).text)
     return 0
 
@@ -392,7 +366,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    with open_existing(args.store) as store, Progress.of(args).task("verify") as task:
+    with open_store(args.store, must_exist=True) as store, Progress.of(args).task("verify") as task:
         report = store.verify(args.stream, task.count)
     for problem in report.problems:
         print(problem)

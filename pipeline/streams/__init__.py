@@ -10,6 +10,8 @@ A new backend is a package beside `embedded/` and `pravega/` that implements `ap
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.streams.api import (
     DEFAULT_TXN_LEASE_SECONDS,
     MAX_EVENT_SIZE,
@@ -43,6 +45,7 @@ from pipeline.streams.errors import (
     InvalidEventNumber,
     InvalidName,
     InvalidRoutingKey,
+    NoStore,
     ReaderGroupNotFound,
     ScopeNotFound,
     SegmentDamaged,
@@ -79,6 +82,7 @@ __all__ = [
     "InvalidEventNumber",
     "InvalidName",
     "InvalidRoutingKey",
+    "NoStore",
     "Problem",
     "Progress",
     "ReaderGroup",
@@ -113,9 +117,11 @@ __all__ = [
 ]
 
 
-def open_store(uri: str | None = None) -> StreamStore:
+def open_store(uri: str | None = None, *, must_exist: bool = False) -> StreamStore:
     """Open the store named by `uri` (default: `$SLUICE_STORE`, else the embedded store
-    under `$SLUICE_HOME/streams`)."""
+    under `$SLUICE_HOME/streams`). An embedded store is created where none is, unless
+    `must_exist` (for what only looks at a store: a misspelt path leaves no new store behind;
+    `NoStore` instead)."""
     from pipeline.config import default_store_uri
 
     uri = uri or default_store_uri()
@@ -123,7 +129,10 @@ def open_store(uri: str | None = None) -> StreamStore:
     if scheme == "embedded":
         from pipeline.streams.embedded import EmbeddedStore
 
-        return EmbeddedStore(rest or default_store_uri().partition(":")[2])
+        directory = rest or default_store_uri().partition(":")[2]
+        if must_exist and not Path(directory).expanduser().exists():
+            raise NoStore(uri, directory)
+        return EmbeddedStore(directory)
     if scheme in ("pravega", "pravegas", "tcp", "tls"):
         from pipeline.streams.pravega import PravegaStore
 

@@ -260,6 +260,14 @@ class StoreUnavailable(StreamStoreError, ConnectionError):
         super().__init__(msg)
 
 
+class NoStore(StoreUnavailable):
+    """An embedded store's directory does not exist: nothing was ever written there."""
+
+    def __init__(self, uri: str, directory: str) -> None:
+        reason = f"no store at {directory}: nothing was ever written there (check --store)"
+        super().__init__(uri, reason)
+
+
 class Unsupported(StreamStoreError, NotImplementedError):
     """The backend cannot do this; the message names the nearest thing it can do."""
 

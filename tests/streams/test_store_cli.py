@@ -203,6 +203,8 @@ def test_looking_at_a_store_that_does_not_exist_never_creates_it(sluice, tmp_pat
     assert proc.stderr.count("\n") == 1
     listed = sluice("--store", f"embedded:{typo}", "store", "list")
     assert (listed.stdout, listed.stderr.count("\n")) == ("", 1)
+    slices = sluice("--store", f"embedded:{typo}", "slices", "list", "a/b", ok=False)
+    assert "no store at" in slices.stderr
     assert not typo.exists()
 
 

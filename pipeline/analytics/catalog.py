@@ -327,8 +327,8 @@ def _add_replays(b: _Builder, lineage: list[dict]) -> None:
     reading = f"read_parquet({listed}, union_by_name = true, filename = true)"
     columns = b.columns(f"SELECT * FROM {reading}")
     times = []
-    if "time" in columns:
-        times.append("r.time::TIMESTAMPTZ")
+    if "time" in columns:  # (a result of an older Sluice may hold something else: NULL)
+        times.append("TRY_CAST(r.time AS TIMESTAMPTZ)")
     if "second" in columns:
         times.append("to_timestamp(r.second)")
     time = f"coalesce({', '.join(times)})" if times else "NULL::TIMESTAMPTZ"

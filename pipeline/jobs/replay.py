@@ -440,7 +440,18 @@ def _results_table(spec: str, results: Any, metrics: Any) -> pa.Table:
             f"`replays` view's own ({', '.join(VIEW_COLUMNS)}): rename them"
         )
         raise ModelError(spec, reason)
+    if "time" in names and not _is_time(results.schema.field("time").type):
+        reason = (
+            f"its `time` column holds {results.schema.field('time').type}, not timestamps: the "
+            "`replays` view reads it as each result's time. Give it timestamps (e.g. "
+            "pd.to_datetime(frame._time_ns, utc=True)) or another name"
+        )
+        raise ModelError(spec, reason)
     return results.replace_schema_metadata(None)
+
+
+def _is_time(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_timestamp(arrow_type) or pa.types.is_date(arrow_type)
 
 
 def _json_metrics(spec: str, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -167,6 +167,16 @@ def test_slices_lineage_and_replays_views(paths, store, tmp_path):
     ]
     # older results name their second as epoch seconds: `time` is made of it
     assert query(paths, "SELECT epoch(time) FROM replays ORDER BY 1")[1] == [(1.0,), (2.0,)]
+    # a result's `time` that is no timestamp (a model of an older Sluice wrote nanoseconds)
+    # is NULL, and never breaks the view for every other replay
+    pq.write_table(
+        pa.table({"time": [1_700_000_000_000_000_000, 7], "rx_mbps": [0.5, 7.0]}), results
+    )
+    refresh(paths, [])
+    assert query(paths, "SELECT time, rx_mbps FROM replays ORDER BY 2")[1] == [
+        (None, 0.5),
+        (None, 7.0),
+    ]
 
 
 @pytest.fixture

@@ -58,6 +58,7 @@ def returns(frame, what: str = ""):
         "view columns": pa.table({"model": ["m"], "run_id": ["r"], "x": [1]}),
         "three": (frame, {}, 1),
         "not JSON": (frame, {"when": pd.Timestamp("2020-01-01")}),
+        "time in ns": pd.DataFrame({"time": [1_700_000_000_000_000_000], "x": [1]}),
     }[what]
 """
 
@@ -116,6 +117,7 @@ def test_a_model_that_raises_shows_its_own_traceback_only(models):
         ("view columns", "its results have columns ['model', 'run_id'], which are repeated"),
         ("three", "must return a pandas DataFrame or pyarrow Table, or (that, dict), not (tuple"),
         ("not JSON", "its metrics hold a value that is not JSON (a Timestamp: Timestamp("),
+        ("time in ns", "its `time` column holds int64, not timestamps: the `replays` view"),
     ],
 )
 def test_results_a_replay_cannot_keep_are_refused(models, what, message):

@@ -21,6 +21,7 @@ from pipeline.analytics.catalog import refresh
 from pipeline.analytics.plot import plot_rates
 from pipeline.analytics.snapshots import collect_slices, snapshot_slices
 from pipeline.analytics.sources import FIXED_VIEWS, AnalyticsError, discover_exports
+from pipeline.outputs import OutputNotWritable, check_writable
 from pipeline.settings import SluiceSettings
 from resources.analytics import AnalyticsResource
 
@@ -66,6 +67,11 @@ def analytics_asset(
         context: AssetExecutionContext, analytics: AnalyticsResource
     ) -> dg.MaterializeResult:
         paths = analytics.paths
+        try:  # before the slices' snapshot, which is written first
+            check_writable(paths.snapshots, "analytics directory")
+            check_writable(paths.database, "analytics database", file=True)
+        except OutputNotWritable as exc:
+            raise dg.Failure(description=str(exc)) from None
         slices = snapshot_slices(paths, collect_slices(settings))
         sources = discover_exports(settings)
         views = refresh(paths, sources, lambda line: context.log.info(f"rates: {line}"))

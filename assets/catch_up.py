@@ -12,6 +12,7 @@ Delivery: exactly-once, as the jobs are (`pipeline/jobs/mirror.py`, `export.py`,
 
 import shlex
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, NotRequired, TypedDict, TypeVar, cast
@@ -33,6 +34,7 @@ from assets.keys import (
     mirror_key,
     pool,
 )
+from pipeline.errors import SluiceError
 from pipeline.jobs.bookmark import BookmarkSpec
 from pipeline.jobs.checkpoint import (
     BatchTotals,
@@ -44,7 +46,9 @@ from pipeline.jobs.checkpoint import (
 from pipeline.jobs.checkpoint import committed_progress as read_progress
 from pipeline.jobs.export import ExportSpec, export
 from pipeline.jobs.mirror import MirrorSpec, mirror
+from pipeline.jobs.replay import ReplayError
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
+from pipeline.outputs import OutputNotWritable
 from pipeline.schemas import flatten_plan, quarantine_columns
 from pipeline.settings import StreamFamily
 from pipeline.streams import StreamCut, StreamStore
@@ -60,6 +64,24 @@ if TYPE_CHECKING:
 #: that failed for a transient reason (a Python worker that did not connect back on a loaded
 #: machine, a lost executor) is safe to run again from its checkpoint.
 SPARK_RETRY = dg.RetryPolicy(max_retries=2, delay=5)
+
+#: What a retry cannot mend: a stream, slice or store name that is not there, input or
+#: settings that do not fit (Sluice's `LookupError`s and `ValueError`s), a model that fails
+#: (`ReplayError`), a place that cannot be written.
+PERMANENT = (LookupError, ValueError, ReplayError, OutputNotWritable)
+
+
+@contextmanager
+def refusing_permanent_errors() -> Iterator[None]:
+    """Fail the step at once, with Sluice's one-line message, on an error that `SPARK_RETRY`
+    would only repeat (a slice deleted since its partition was added fails three times,
+    ten seconds apart, and ends as "Exceeded max_retries"); other errors are retried."""
+    try:
+        yield
+    except SluiceError as exc:
+        if not isinstance(exc, PERMANENT):
+            raise
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +303,35 @@ def spark_asset_spec(
     )
 
 
+def run_step(
+    step: CatchUpStep[Any],
+    context: AssetExecutionContext,
+    spark: SparkResource,
+    stores: StreamStoresResource,
+) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
+    """One catch-up run of `step`: its results, or an observation of why there are none."""
+    store = stores.open(step.source.store)
+    before = step.before(store)
+    session = StepSession(spark)
+    outcome = catch_up(
+        context,
+        lambda options, report: step.run(session, options, report),
+        step.checkpoint,
+        step.service,
+    )
+    if outcome.skipped:
+        for key in step.keys:
+            yield skipped_observation(key, outcome)
+        return
+    metadata = run_metadata(outcome, step.checkpoint, store.tail(step.source.stream))
+    if outcome.summary is not None and outcome.summary.events == 0:
+        context.log.info(f"nothing to materialize: {step.source.stream} has no new events")
+        for key in step.keys:
+            yield idle_observation(key, metadata, session.started)
+        return
+    yield from step.results(StepRun(outcome, metadata, store, before))
+
+
 def catch_up_asset(step: CatchUpStep[Any]) -> dg.AssetsDefinition:
     """The step's assets, materialized by one run of its job until caught up."""
 
@@ -295,26 +346,8 @@ def catch_up_asset(step: CatchUpStep[Any]) -> dg.AssetsDefinition:
     def _catch_up(
         context: AssetExecutionContext, spark: SparkResource, stores: StreamStoresResource
     ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
-        store = stores.open(step.source.store)
-        before = step.before(store)
-        session = StepSession(spark)
-        outcome = catch_up(
-            context,
-            lambda options, report: step.run(session, options, report),
-            step.checkpoint,
-            step.service,
-        )
-        if outcome.skipped:
-            for key in step.keys:
-                yield skipped_observation(key, outcome)
-            return
-        metadata = run_metadata(outcome, step.checkpoint, store.tail(step.source.stream))
-        if outcome.summary is not None and outcome.summary.events == 0:
-            context.log.info(f"nothing to materialize: {step.source.stream} has no new events")
-            for key in step.keys:
-                yield idle_observation(key, metadata, session.started)
-            return
-        yield from step.results(StepRun(outcome, metadata, store, before))
+        with refusing_permanent_errors():
+            yield from run_step(step, context, spark, stores)
 
     return _catch_up
 

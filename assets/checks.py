@@ -238,6 +238,9 @@ def mirror_lag_check(
     @dg.asset_check(asset=mirror_key(family), name="mirror_lag", description=description)
     def _lag(stores: StreamStoresResource) -> dg.AssetCheckResult:
         store = stores.open(family.store)
+        if not store.stream_exists(family.stream):
+            why = f"{family.stream} does not exist yet: nothing to mirror"
+            return skipped_result(mirror_key(family), "mirror_lag", why)
         tail, progress = store.tail(family.stream), committed_progress(checkpoint)
         position = progress.end_cut if progress else store.head(family.stream)
         lag = position.bytes_until(tail)

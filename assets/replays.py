@@ -22,7 +22,7 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from assets.catch_up import SPARK_RETRY, Column, column_schema
+from assets.catch_up import SPARK_RETRY, Column, column_schema, refusing_permanent_errors
 from assets.cuts import cut_range_metadata
 from assets.keys import replay_key, slice_partitions, slices_key
 from pipeline.jobs.replay import (
@@ -158,35 +158,36 @@ def replay_asset(
     ) -> Iterator[Any]:
         from pipeline.schemas import flatten_plan
 
-        store = stores.open(family.mirror_store)
-        slice_id = context.partition_key
-        plan = flatten_plan(family.schema)
-        record = find_slice(store, slice_id, table.slices_stream)
-        result = replay(
-            spark.session,
-            store,
-            slice_id,
-            model,
-            plan=plan,
-            home=home,
-            slices_stream=table.slices_stream,
-        )
-        context.log.info(
-            f"replayed {slice_id}: {counted(result.lineage.input_rows, 'row')} -> "
-            f"{counted(result.lineage.output_rows, 'result')} ({model.spec} {model.version})"
-        )
-        yield dg.MaterializeResult(metadata=replay_metadata(result, record))
-        with tempfile.TemporaryDirectory(prefix="sluice-replay-check-") as scratch:
-            again = replay(
+        with refusing_permanent_errors():
+            store = stores.open(family.mirror_store)
+            slice_id = context.partition_key
+            plan = flatten_plan(family.schema)
+            record = find_slice(store, slice_id, table.slices_stream)
+            result = replay(
                 spark.session,
                 store,
                 slice_id,
                 model,
                 plan=plan,
-                home=Path(scratch),  # its lineage record stays out of the real home
-                output_dir=Path(scratch) / "out",
+                home=home,
                 slices_stream=table.slices_stream,
             )
-            yield determinism_check(key, result, again)
+            context.log.info(
+                f"replayed {slice_id}: {counted(result.lineage.input_rows, 'row')} -> "
+                f"{counted(result.lineage.output_rows, 'result')} ({model.spec} {model.version})"
+            )
+            yield dg.MaterializeResult(metadata=replay_metadata(result, record))
+            with tempfile.TemporaryDirectory(prefix="sluice-replay-check-") as scratch:
+                again = replay(
+                    spark.session,
+                    store,
+                    slice_id,
+                    model,
+                    plan=plan,
+                    home=Path(scratch),  # its lineage record stays out of the real home
+                    output_dir=Path(scratch) / "out",
+                    slices_stream=table.slices_stream,
+                )
+                yield determinism_check(key, result, again)
 
     return _replay

@@ -26,10 +26,11 @@ from assets.keys import (
     replay_job_name,
     slice_partitions,
 )
+from pipeline.errors import SluiceError
 from pipeline.jobs.slices import list_slices
 from pipeline.settings import StreamFamily
-from pipeline.streams import StreamNotFound
-from resources.stores import StreamStoresResource
+from pipeline.streams import StoreUnavailable, StreamNotFound
+from resources.stores import StreamStoresResource, UnknownStore
 
 UNFINISHED = [
     dg.DagsterRunStatus.QUEUED,
@@ -47,14 +48,30 @@ class TailsCursor(TypedDict):
     tails: dict[str, str]
 
 
+class UnreadableCursor(SluiceError, ValueError):
+    """A sensor's cursor that is not a `TailsCursor` of this version (edited by hand in the UI,
+    or written by another Sluice)."""
+
+    def __init__(self, text: str, reason: str) -> None:
+        self.text, self.reason = text, reason
+        msg = f"the sensor's cursor {text[:80]!r} {reason}: reset the sensor's cursor in the UI"
+        super().__init__(msg)
+
+
 def read_tails_cursor(text: str | None) -> TailsCursor:
     if not text:
         return TailsCursor(version=CURSOR_VERSION, tails={})
-    data = json.loads(text)
-    if data.get("version") != CURSOR_VERSION:
-        msg = f"sensor cursor version {data.get('version')!r} is not {CURSOR_VERSION}"
-        raise dg.DagsterInvariantViolationError(msg + ": reset the sensor's cursor in the UI")
-    return TailsCursor(version=CURSOR_VERSION, tails=dict(data["tails"]))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise UnreadableCursor(text, "is not JSON") from None
+    version = data.get("version") if isinstance(data, dict) else None
+    if version != CURSOR_VERSION:
+        raise UnreadableCursor(text, f"has version {version!r}, not {CURSOR_VERSION}")
+    tails = data.get("tails")
+    if not isinstance(tails, dict):
+        raise UnreadableCursor(text, "has no tails")
+    return TailsCursor(version=CURSOR_VERSION, tails=dict(tails))
 
 
 def has_unfinished_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> bool:
@@ -82,6 +99,9 @@ def evaluate_tails(
         except StreamNotFound:
             skipped.append(f"{family.name}: {family.stream} does not exist yet")
             continue
+        except (StoreUnavailable, UnknownStore) as exc:
+            skipped.append(f"{family.name}: {exc}")
+            continue
         tail = info.tail.text
         if cursor["tails"].get(family.name) == tail:
             continue
@@ -99,10 +119,14 @@ def evaluate_tails(
             continue
         requests.append(dg.RunRequest(run_key=f"{job}:{tail}", job_name=job, tags=tags))
         cursor["tails"][family.name] = tail
-    if skipped:
-        context.log.info("; ".join(skipped))
+    why = "; ".join(skipped)
+    if why:
+        context.log.info(why)
     return dg.SensorResult(
-        run_requests=requests, asset_events=observations, cursor=json.dumps(cursor)
+        run_requests=requests,
+        asset_events=observations,
+        cursor=json.dumps(cursor),
+        skip_reason=None if requests else why or "no edge tail moved since the last run request",
     )
 
 
@@ -132,7 +156,10 @@ def store_sensor(
     def _sensor(
         context: dg.SensorEvaluationContext, stores: StreamStoresResource
     ) -> dg.SensorResult:
-        return evaluate(context, stores, families)
+        try:
+            return evaluate(context, stores, families)
+        except UnreadableCursor as exc:
+            return dg.SensorResult(skip_reason=str(exc))
 
     return _sensor
 
@@ -172,10 +199,18 @@ def evaluate_slices(
     cursor = read_tails_cursor(context.cursor)
     adds: list[dg.AddDynamicPartitionsRequest] = []
     requests: list[dg.RunRequest] = []
+    skipped: list[str] = []
     for family in families:
         table = family.bookmark
-        store = stores.open(family.mirror_store)
-        if table is None or not store.stream_exists(table.slices_stream):
+        if table is None:
+            continue
+        try:
+            store = stores.open(family.mirror_store)
+            if not store.stream_exists(table.slices_stream):
+                skipped.append(f"{family.name}: no slices yet ({table.slices_stream})")
+                continue
+        except (StoreUnavailable, UnknownStore) as exc:
+            skipped.append(f"{family.name}: {exc}")
             continue
         tail = store.tail(table.slices_stream).text
         if cursor["tails"].get(family.name) == tail:
@@ -191,8 +226,12 @@ def evaluate_slices(
                 dg.RunRequest(run_key=f"{job}:{i}", job_name=job, partition_key=i) for i in new
             ]
         cursor["tails"][family.name] = tail
+    why = "; ".join(skipped)
     return dg.SensorResult(
-        run_requests=requests, dynamic_partitions_requests=adds, cursor=json.dumps(cursor)
+        run_requests=requests,
+        dynamic_partitions_requests=adds,
+        cursor=json.dumps(cursor),
+        skip_reason=None if requests else why or "no new slices",
     )
 
 

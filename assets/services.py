@@ -26,6 +26,7 @@ from assets.keys import (
 )
 from assets.sensors import UNFINISHED
 from pipeline.jobs.checkpoint import (
+    CheckpointError,
     batch_end_cut,
     committed_progress,
     ledger_totals,
@@ -112,16 +113,25 @@ def evaluate_services(
     busy = running_asset_keys(context.instance)
     events: list[dg.AssetMaterialization] = []
     reported: dict[str, int] = {}
+    unreadable: list[str] = []
     for item in watched:
         if busy & set(item.keys):
             continue
-        found = progress_events(context.instance, item)
+        try:  # one damaged checkpoint keeps back its own progress, not the others'
+            found = progress_events(context.instance, item)
+        except CheckpointError as exc:
+            unreadable.append(f"{item.job}/{item.family}: {exc}")
+            continue
         events += found
         if found:
             reported[f"{item.job}/{item.family}"] = int(found[0].metadata[LAST_BATCH].value)
+    if unreadable:
+        context.log.warning("; ".join(unreadable))
     cursor = ServicesCursor(version=CURSOR_VERSION, reported=reported)
     text = json.dumps(cursor) if reported else context.cursor
-    return dg.SensorResult(asset_events=events, cursor=text)
+    idle = None if events else "no service committed a batch since the last report"
+    why = "; ".join(unreadable) or idle
+    return dg.SensorResult(asset_events=events, cursor=text, skip_reason=why)
 
 
 def services_sensor(watched: Sequence[Watched], interval_seconds: int) -> dg.SensorDefinition:

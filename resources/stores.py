@@ -9,8 +9,9 @@ configured, validated and shown in the UI without touching the disk.
 from __future__ import annotations
 
 import dagster as dg
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, field_validator
 
+from pipeline.config import checked_store_uri
 from pipeline.errors import SluiceError
 from pipeline.streams import StreamStore, open_store
 
@@ -32,6 +33,13 @@ class StreamStoresResource(dg.ConfigurableResource):
     uris: dict[str, str]
 
     _open: dict[str, StreamStore] = PrivateAttr(default_factory=dict)
+
+    @field_validator("uris")
+    @classmethod
+    def _store_uris(cls, uris: dict[str, str]) -> dict[str, str]:
+        """Refuse a text that is not a store URI when the resource is built (the run's start,
+        for run config from the launchpad), not when a step first opens the store."""
+        return {name: checked_store_uri(uri, f"stores.uris.{name}") for name, uri in uris.items()}
 
     def uri(self, name: str) -> str:
         if name not in self.uris:

@@ -29,3 +29,16 @@ class BatchConflict(SparkSourceError):
             "directory (and its own state file next to it)"
         )
         super().__init__(msg)
+
+
+class SparkUnreachable(SluiceError):
+    """The Spark Connect server the settings name does not answer."""
+
+    def __init__(self, url: str) -> None:
+        self.address = url.split("/;", maxsplit=1)[0]  # the token stays out of messages
+        msg = (
+            f"the Spark Connect server at {self.address} does not answer: start it (`sluice"
+            " spark start`, `sluice spark status`), or set [spark] remote (SLUICE_SPARK_REMOTE)"
+            " to auto, which attaches only to a server that runs, or to local"
+        )
+        super().__init__(msg)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import SluiceError
+from pipeline.spark.errors import SparkUnreachable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -199,10 +200,31 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         url = remote_url(settings)
         if url and settings.remote == AUTO:
             return _attached_or_local(url, settings)
-        active = attach(url) if url else local_session(settings)
+        if url:
+            return _attached(url)
+        active = local_session(settings)
     from pipeline.spark.source import register_sources
 
     register_sources(active)
+    return active
+
+
+def _attached(url: str) -> SparkSession:
+    """A session on the server the settings name, or `SparkUnreachable` if it does not answer
+    (PySpark's own error is a page of gRPC state)."""
+    from grpc import StatusCode
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    from pipeline.spark.source import register_sources
+
+    active = attach(url)
+    try:
+        register_sources(active)  # the session's first call to the server
+    except SparkConnectGrpcException as exc:
+        if exc.getGrpcStatusCode() != StatusCode.UNAVAILABLE:
+            raise
+        active.stop()
+        raise SparkUnreachable(url) from None
     return active
 
 

@@ -150,6 +150,24 @@ def test_no_server_means_a_local_session(tmp_path, monkeypatch):
     assert remote_url(SparkSettings(remote="local")) is None
 
 
+def test_a_named_server_that_does_not_answer_is_one_line_without_its_token(tmp_path):
+    """`remote = "sc://…"` names the server to use: one that does not answer fails the job
+    (it was a page of gRPC state), saying what to do; the URL's token is never shown."""
+    code = (
+        "import pipeline.spark.session as s; s.RECONNECT_RETRIES = 0;"
+        "s.spark_session(s.SparkSettings(remote='sc://127.0.0.1:1/;token=secret'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "pipeline.spark.errors.SparkUnreachable: the Spark Connect server at sc://127.0.0.1:1"
+        " does not answer: start it"
+    ), done.stderr
+    assert "secret" not in done.stderr
+
+
 def test_a_found_server_that_does_not_answer_means_a_local_session(tmp_path, fake_server):
     """A server found running that stops answering before the job's first call (stopped,
     killed or restarted under it) costs the job its warm start, not its run."""

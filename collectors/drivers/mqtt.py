@@ -3,7 +3,8 @@
 A persistent session keeps the broker queuing while the collector is away; messages are
 acknowledged by hand, after the SQLite commit that buffers them (at QoS 1 even when 2 is
 configured: paho acknowledges QoS 2 before the application sees it). Undecodable messages are
-quarantined with their reason. Delivery guarantee: **at-least-once** into the buffer,
+quarantined with their reason. A resumed session is not subscribed again (that would have the
+broker send its retained messages again). Delivery guarantee: **at-least-once** into the buffer,
 exactly-once from it on: a crash between the commit and the acknowledgement makes the broker
 redeliver a batch, and MQTT has no stable message id to tell the copy apart.
 A broker that cannot be reached is logged (at most once a minute), recorded for `sluice
@@ -23,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.batch import columns_to_events
+from collectors.batch import columns_to_events, encode_json
 from collectors.drivers.base import (
     Appended,
+    CursorState,
     DriverContext,
     DriverSettings,
     OptionsReader,
@@ -39,6 +41,10 @@ _LARGEST_PAYLOAD = MAX_EVENT_SIZE - 64 * 1024  # leave room for the event's othe
 ERROR_EVERY_SECONDS = 60.0
 #: Stopping waits at most this long for the network thread (it may be mid-connect).
 STOP_WAIT_SECONDS = 2.0
+#: The topic filters the broker's session for `client_id` holds, once it has confirmed them: a
+#: resumed session is not subscribed again (the broker would send retained messages again).
+CURSOR = "mqtt"
+CURSOR_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +77,7 @@ class Received:
 def parse_options(r: OptionsReader) -> Options:
     topics = r.texts("topics")
     for topic in topics:
-        if "#" in topic[:-1] or any("+" in p and p != "+" for p in topic.split("/")):
+        if not _valid_filter(topic):
             r.fail("topics", f"has an invalid topic filter {topic!r}")
     qos = r.integer("qos", 1)
     if qos not in (1, 2):
@@ -93,6 +99,14 @@ def parse_options(r: OptionsReader) -> Options:
     )
 
 
+def _valid_filter(topic: str) -> bool:
+    """MQTT's rule: `+` and `#` only as a whole level, `#` only as the last one (paho
+    refuses anything else on its network thread, where the driver would not hear of it)."""
+    levels = topic.split("/")
+    wildcards = all(level in ("+", "#") or not {"+", "#"} & set(level) for level in levels)
+    return wildcards and "#" not in levels[:-1] and 0 < len(topic.encode()) <= 65535
+
+
 def create(settings: DriverSettings) -> MqttDriver:
     options: Options = settings.options
     if options.ca_file is not None and not options.ca_file.is_file():
@@ -110,28 +124,38 @@ class MqttDriver:
         self.constants = {"RemoteAddr": settings.routing_key or ""}
         self.inbox: queue.Queue[Received] = queue.Queue(maxsize=10_000)
         self.session = 0
-        self.closing = threading.Event()
+        self.resumed = 0  # the last session the broker kept: it sends unacknowledged ones again
         self.broker = f"{self.options.host}:{self.options.port}"
         # Set by the network thread's callbacks, reported by the driver thread (which owns
         # the buffer connection): (connected, detail, failures so far).
         self._link: tuple[bool, str, int] | None = None
         self._failures = 0
         self._why = "no answer"  # why the last connect failed (paho's callback does not say)
+        self.subscribed: tuple[str, ...] = ()  # as in the cursor
+        self._asked: tuple[str, ...] = ()  # in the last SUBSCRIBE
+        self._confirmed: tuple[str, ...] | None = None  # by a SUBACK, not yet in the cursor
 
     def run(self, ctx: DriverContext) -> None:
         if self.options.qos == 2:
             ctx.log.warning("subscribing at QoS 1, not 2: see collectors/drivers/mqtt.py")
-        client = self._client(ctx)
+        # Each run has its own client and `closing`: after a failure `run` is called again,
+        # and the stopped client's callbacks must not silence the new one.
+        closing = threading.Event()
+        self._link = None
+        state = ctx.cursor(CURSOR)
+        if state is not None and state.value["client_id"] == self.client_id:
+            self.subscribed = tuple(state.value["topics"])
+        client = self._client(ctx, closing)
         client.connect_async(self.options.host, self.options.port, self.options.keepalive)
         client.loop_start()
         try:
             self._pump(ctx, client)
         finally:
-            self.closing.set()
+            closing.set()
             _drain(self.inbox)  # unblock the network thread; these were not acknowledged
             _stop_client(client)
 
-    def _client(self, ctx: DriverContext) -> Any:
+    def _client(self, ctx: DriverContext, closing: threading.Event) -> Any:
         import paho.mqtt.client as mqtt
 
         client = mqtt.Client(
@@ -146,10 +170,11 @@ class MqttDriver:
         if self.options.tls:
             client.tls_set(ca_certs=str(self.options.ca_file) if self.options.ca_file else None)
         client.reconnect_delay_set(1, 30)
-        client.on_connect = lambda c, _u, _f, code, _p: self._on_connect(c, code)
+        client.on_connect = lambda c, _u, f, code, _p: self._on_connect(c, f, code, closing)
         client.on_connect_fail = lambda _c, _u: self._down(f"cannot connect: {self._why}")
-        client.on_disconnect = lambda _c, _u, _f, code, _p: self._on_disconnect(code)
-        client.on_message = lambda _c, _u, message: self._on_message(message)
+        client.on_disconnect = lambda _c, _u, _f, code, _p: self._on_disconnect(code, closing)
+        client.on_message = lambda _c, _u, message: self._on_message(message, closing)
+        client.on_subscribe = lambda _c, _u, _m, codes, _p: self._on_subscribe(codes)
         connect = client.reconnect
 
         def reconnect() -> Any:  # paho's loop reports a failed connect without its reason
@@ -162,16 +187,33 @@ class MqttDriver:
         client.reconnect = reconnect
         return client
 
-    def _on_connect(self, client: Any, code: Any) -> None:
+    def _on_connect(self, client: Any, flags: Any, code: Any, closing: threading.Event) -> None:
+        if closing.is_set():
+            return
         if code.is_failure:
             self._down(f"the broker refused the connection: {code}")
             return
         self.session += 1
-        client.subscribe([(topic, 1) for topic in self.options.topics])
+        topics = self.options.topics
+        kept = self.subscribed if flags.session_present else ()
+        if flags.session_present:
+            self.resumed = self.session
+        if gone := [topic for topic in kept if topic not in topics]:
+            client.unsubscribe(gone)
+        self._asked = tuple(topic for topic in topics if topic not in kept)
+        if self._asked:
+            client.subscribe([(topic, 1) for topic in self._asked])
         self._link = (True, f"broker {self.broker}", self._failures)
 
-    def _on_disconnect(self, code: Any) -> None:
-        if not self.closing.is_set():
+    def _on_subscribe(self, codes: list) -> None:
+        refused = [t for t, code in zip(self._asked, codes, strict=False) if code.is_failure]
+        if refused:
+            self._down(f"the broker refused the subscription to {', '.join(refused)}")
+        else:
+            self._confirmed = self.options.topics
+
+    def _on_disconnect(self, code: Any, closing: threading.Event) -> None:
+        if not closing.is_set():
             self._down(f"connection lost ({code}): reconnecting")
 
     def _down(self, detail: str) -> None:
@@ -186,15 +228,24 @@ class MqttDriver:
             return reported
         connected, detail, failures = link
         ctx.set_connected(connected, detail)
+        if (confirmed := self._confirmed) is not None:
+            value = {"client_id": self.client_id, "topics": list(confirmed)}
+            ctx.append([], CursorState(CURSOR, CURSOR_VERSION, value))
+            self.subscribed, self._confirmed = confirmed, None
         if failures > reported and not connected:
             ctx.error("connect", f"{detail} (retrying with backoff)", every=ERROR_EVERY_SECONDS)
         return failures
 
-    def _on_message(self, message: Any) -> None:
-        if self.closing.is_set():
+    def _on_message(self, message: Any, closing: threading.Event) -> None:
+        if closing.is_set():
             return  # not acknowledged: the broker sends it again next session
         received = Received(
-            time.time_ns(), message.topic, message.payload, message.mid, message.qos, self.session
+            time.time_ns(),
+            message.topic,
+            message.payload,
+            message.mid,
+            message.qos,
+            self.session,
         )
         self.inbox.put(received)
 
@@ -220,6 +271,9 @@ class MqttDriver:
 
     def _flush(self, ctx: DriverContext, client: Any, batch: list[Received]) -> None:
         """Buffer the batch (bad messages quarantined) in one commit, then acknowledge it."""
+        session = self.session
+        if self.resumed == session:  # the broker sends unacknowledged messages again
+            batch = [m for m in batch if m.session == session]
         good, bad = self._decode(batch)
         events: list[PendingEvent] = []
         if good:
@@ -239,7 +293,7 @@ class MqttDriver:
         for message, reason in bad:
             ctx.log.warning("quarantined a message from %s: %s", message.topic, reason)
         for message in batch:
-            if message.qos > 0 and message.session == self.session:
+            if message.qos > 0 and message.session == self.session:  # now, not `session`
                 client.ack(message.mid, message.qos)
 
     def _decode(self, batch: list[Received]) -> tuple[list, list]:
@@ -250,9 +304,18 @@ class MqttDriver:
                 bad.append((message, f"payload of {len(message.payload)} bytes is too large"))
                 continue
             try:
-                good.append((message, self._payload(message.payload)))
-            except ValueError as exc:
+                value = self._payload(message.payload)
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
                 bad.append((message, f"payload is not {self.options.payload_format}: {exc}"))
+                continue
+            # Escapes (text, JSON) and base64 make the value up to 6 times the payload's size.
+            if len(message.payload) * 6 > _LARGEST_PAYLOAD:
+                size = len(encode_json(value))
+                if size > _LARGEST_PAYLOAD:
+                    reason = f"payload of {len(message.payload)} bytes is too large as JSON"
+                    bad.append((message, f"{reason} ({size} bytes)"))
+                    continue
+            good.append((message, value))
         return good, bad
 
     def _payload(self, payload: bytes) -> Any:

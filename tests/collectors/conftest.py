@@ -219,13 +219,20 @@ def mosquitto_binary() -> str:
 class Broker:
     """A mosquitto process on a free loopback port, with a config written for the test."""
 
-    def __init__(self, binary: str, directory: Path, port: int | None = None) -> None:
+    def __init__(
+        self, binary: str, directory: Path, port: int | None = None, persistent: bool = False
+    ) -> None:
         self.port = port or free_port()
         conf = directory / "mosquitto.conf"
+        # `persistent`: sessions and their unacknowledged messages outlive a restart (saved
+        # on a clean stop); `user root` keeps it from dropping to a user that cannot write.
+        persistence = (
+            f"true\npersistence_location {directory}/\nuser root" if persistent else "false"
+        )
         conf.write_text(
             f"listener {self.port} 127.0.0.1\n"
             "allow_anonymous true\n"
-            "persistence false\n"
+            f"persistence {persistence}\n"
             "max_inflight_messages 50\n"
             "max_queued_messages 100000\n"
         )

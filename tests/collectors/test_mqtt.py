@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,13 +14,25 @@ from collections import Counter
 import pytest
 
 from collectors.buffer import Buffer
+from collectors.failpoints import Failpoints
 
-from .conftest import REPO, Broker, free_port, mosquitto_binary, read_payloads, run_cli, wait_for
+from .conftest import (
+    REPO,
+    Broker,
+    free_port,
+    mosquitto_binary,
+    read_payloads,
+    run_cli,
+    running_collector,
+    wait_for,
+)
 
 STREAM = "lab/mqtt"
 
 
-def publish(port: int, messages: list[tuple[str, bytes]], qos: int = 1) -> None:
+def publish(
+    port: int, messages: list[tuple[str, bytes]], qos: int = 1, retain: bool = False
+) -> None:
     import paho.mqtt.client as mqtt
 
     client = mqtt.Client(
@@ -27,7 +41,7 @@ def publish(port: int, messages: list[tuple[str, bytes]], qos: int = 1) -> None:
     client.max_inflight_messages_set(20)
     client.connect("127.0.0.1", port)
     client.loop_start()
-    infos = [client.publish(topic, payload, qos=qos) for topic, payload in messages]
+    infos = [client.publish(topic, payload, qos, retain) for topic, payload in messages]
     for info in infos:
         info.wait_for_publish(20)
     client.disconnect()
@@ -203,3 +217,117 @@ def test_a_broker_that_refuses_connections_is_logged_shown_and_fails_the_health_
     _, report, _ = status_of(path)
     assert report["running"] is False
     assert report["last_stop"] == "SIGTERM received; 0 events left in the buffer"
+
+
+class FailOnce(Failpoints):
+    """Raises (not SIGKILL) the first time `name` is hit: a driver run that fails."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name, self.failed = name, False
+
+    def hit(self, name: str) -> None:
+        if name == self.name and not self.failed:
+            self.failed = True
+            msg = f"injected at {name}"
+            raise OSError(msg)
+
+
+def test_a_driver_restarted_after_a_failure_receives_again(
+    make_config, service, store_dir, mosquitto
+):
+    """The failed run's client was stopped: the restarted run's client must not be silenced
+    by it (it was: every message was dropped unacknowledged, with status `healthy`)."""
+    config = make_config({"mq": mqtt_table(mosquitto.port)})
+    failpoints = FailOnce("driver.after_append")
+    running = service(config, failpoints)
+    wait_subscribed(mosquitto.port, store_dir)  # its first batch fails after the commit
+    assert failpoints.failed
+    publish(mosquitto.port, [("sensors/a", json.dumps({"i": i}).encode()) for i in range(50)])
+    wait_for(lambda: sorted(p["i"] for _, p in received(store_dir)) == list(range(50)), 20)
+    running.stop()
+    errors = Buffer(config.instances[0].buffer_file, 10).conn.execute("SELECT message FROM errors")
+    assert ("OSError: injected at driver.after_append",) in errors.fetchall()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("json", b"[" * 5000 + b"]" * 5000, "payload is not json: maximum recursion depth"),
+        ("text", b"\x01" * 2_000_000, "payload of 2000000 bytes is too large as JSON"),
+        ("base64", bytes(7_000_000), "payload of 7000000 bytes is too large as JSON"),
+    ],
+)
+def test_a_payload_that_cannot_be_buffered_is_quarantined(
+    make_config, service, store_dir, mosquitto, case
+):
+    """Not a driver failure: that would have the broker send it again, forever."""
+    payload_format, payload, reason = case
+    table = mqtt_table(mosquitto.port, payload_format=payload_format)
+    config = make_config({"mq": table})
+    running = service(config)
+    wait_subscribed(mosquitto.port, store_dir)
+    publish(mosquitto.port, [("sensors/bad", payload), ("sensors/a", b'{"i": 1}')])
+    wait_for(lambda: [t for t, _ in received(store_dir)] == ["sensors/a"], 30)
+    running.stop()
+    buffer = Buffer(config.instances[0].buffer_file, 10)
+    (source, why) = buffer.conn.execute("SELECT source, reason FROM quarantine").fetchone()
+    assert (source, why[: len(reason)]) == ("mqtt sensors/bad", reason)
+    assert buffer.conn.execute("SELECT message FROM errors").fetchall() == []
+
+
+def subscribed(buffer_file) -> list[str]:
+    """The topic filters the broker confirmed, as the driver keeps them."""
+    with contextlib.closing(sqlite3.connect(f"file:{buffer_file}?mode=ro", uri=True)) as conn:
+        row = conn.execute("SELECT value FROM cursor WHERE name = 'mqtt'").fetchone()
+    return json.loads(row[0])["topics"] if row else []
+
+
+def test_a_retained_message_is_buffered_once_across_restarts(
+    make_config, service, store_dir, mosquitto
+):
+    """The broker sends its retained messages on every SUBSCRIBE: a resumed session is not
+    subscribed again (only to topics added since), so a restart does not take them twice.
+    A retained value published while the collector is away is queued like any other."""
+    config = make_config({"mq": mqtt_table(mosquitto.port)})
+    publish(mosquitto.port, [("sensors/state", b'{"v": 1}')], retain=True)
+    for _ in range(2):
+        running = service(config)
+        wait_subscribed(mosquitto.port, store_dir)
+        running.stop()
+    publish(mosquitto.port, [("sensors/state", b'{"v": 2}')], retain=True)
+    added = make_config({"mq": mqtt_table(mosquitto.port, topics=["sensors/#", "other/+"])})
+    running = service(added)
+    wait_subscribed(mosquitto.port, store_dir)
+    wait_for(lambda: "other/+" in subscribed(added.instances[0].buffer_file))  # SUBACK
+    publish(mosquitto.port, [("other/x", b'{"v": 3}')])
+    wait_for(lambda: ("other/x", {"v": 3}) in received(store_dir))
+    running.stop()
+    assert received(store_dir) == [
+        ("sensors/state", {"v": 1}),
+        ("sensors/state", {"v": 2}),
+        ("other/x", {"v": 3}),
+    ]
+
+
+@pytest.mark.slow
+def test_a_broker_restart_redelivers_without_duplicates(write_config, store_dir, tmp_path):
+    """The broker keeps the session over a restart and sends what was not acknowledged
+    again: the messages of the lost connection still waiting in a batch are dropped, not
+    buffered a second time."""
+    broker = Broker(mosquitto_binary(), tmp_path, persistent=True)
+    table = mqtt_table(broker.port, max_delay_ms=6000, samples_per_event=500, max_inflight=100)
+    path = write_config({"mq": table})
+    try:
+        with running_collector(path) as process:
+            wait_subscribed(broker.port, store_dir)
+            publish(broker.port, [("sensors/a", json.dumps({"i": i}).encode()) for i in range(10)])
+            broker.stop()  # the 10 wait in the collector's batch, unacknowledged
+            broker = Broker(mosquitto_binary(), tmp_path, broker.port, persistent=True)
+            wait_for(lambda: len(received(store_dir)) >= 10, 30)
+            time.sleep(1.0)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+    finally:
+        broker.stop()
+    assert [p["i"] for _, p in received(store_dir)] == list(range(10))

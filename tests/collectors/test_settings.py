@@ -142,6 +142,14 @@ def test_environment_overrides_the_same_instance_in_the_file(write_config):
             {"driver": "mqtt", "stream": "a/b", "topics": ["a/#/b"]},
             "instances.x.topics = ['a/#/b'] has an invalid topic filter 'a/#/b'",
         ),
+        (  # paho refuses these on its network thread: the driver would wait for nothing
+            {"driver": "mqtt", "stream": "a/b", "topics": ["sensors#"]},
+            "instances.x.topics = ['sensors#'] has an invalid topic filter 'sensors#'",
+        ),
+        (
+            {"driver": "mqtt", "stream": "a/b", "topics": ["a/b", ""]},
+            "instances.x.topics = ['a/b', ''] has an invalid topic filter ''",
+        ),
         (
             {"driver": "mqtt", "stream": "a/b", "topics": ["t"], "qos": 0},
             "instances.x.qos = 0 must be 1 or 2",

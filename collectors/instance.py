@@ -106,6 +106,7 @@ class InstanceContext:
                 "driver_connected": "1" if connected else "0",
                 "driver_detail": detail,
                 "driver_since_ns": str(time.time_ns()),
+                "driver_since_mono_ns": str(time.monotonic_ns()),  # for status's durations
             }
         )
 

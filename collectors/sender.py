@@ -52,7 +52,7 @@ class Sender:
         self._last_error_time = 0.0
         self._last_heartbeat = 0.0
         self._last_send = 0.0
-        self._failing_since_ns = 0
+        self._failing_since_ns = self._failing_since_mono_ns = 0
 
     def run(self, drain: threading.Event, halt: threading.Event) -> None:
         """Send until `halt` is set, or until `drain` is set and the buffer is empty."""
@@ -131,7 +131,8 @@ class Sender:
 
     def _failed(self, exc: Exception) -> None:
         self._close_store()
-        self._failing_since_ns = self._failing_since_ns or time.time_ns()
+        if not self._failing_since_ns:  # the monotonic stamp: for status's durations
+            self._failing_since_ns, self._failing_since_mono_ns = _stamps()
         self._delay = min(BACKOFF_MAX, max(BACKOFF_START, self._delay * 2))
         self._delay *= random.uniform(0.8, 1.0)
         message = f"{type(exc).__name__}: {exc}"
@@ -162,7 +163,7 @@ class Sender:
             log.info("%s: sending again after a failure", self.settings.name)
             self._delay = 0.0
             self._last_error = ""
-            self._failing_since_ns = 0
+            self._failing_since_ns = self._failing_since_mono_ns = 0
             self._heartbeat(force=True)
 
     def _heartbeat(self, force: bool = False, state: str = "sending") -> None:
@@ -174,13 +175,21 @@ class Sender:
             self.buffer.set_meta(
                 {
                     "heartbeat_ns": str(time.time_ns()),
+                    "heartbeat_mono_ns": str(time.monotonic_ns()),
                     "sender_state": state,
                     "sender_failing_since_ns": str(self._failing_since_ns or ""),
+                    "sender_failing_since_mono_ns": str(self._failing_since_mono_ns or ""),
                     "pid": str(os.getpid()),
                 }
             )
         except Exception as exc:
             log.warning("%s: cannot write the heartbeat: %s", self.settings.name, exc)
+
+
+def _stamps() -> tuple[int, int]:
+    """Now by the wall clock (shown) and by the monotonic one (`sluice collect status`
+    measures durations by it, so a step of the wall clock does not count)."""
+    return time.time_ns(), time.monotonic_ns()
 
 
 def _identity(settings: InstanceSettings) -> dict[str, str]:

@@ -75,6 +75,9 @@ def collect_status(settings: CollectorSettings, now_ns: int | None = None) -> li
 def instance_status(
     inst: InstanceSettings, now_ns: int, unhealthy_after: float = 60.0
 ) -> InstanceStatus:
+    """One instance's status at `now_ns` (the wall clock: lag, timestamps); how long the
+    running collector has been disconnected, failing or silent is measured by the monotonic
+    clock it wrote beside each stamp, so a step of the wall clock (NTP) does not count."""
     base = {
         "name": inst.name,
         "driver": inst.driver,
@@ -96,11 +99,30 @@ def instance_status(
     finally:
         conn.close()
     meta = found.pop("meta")
-    health = _health(base["running"], meta, now_ns, unhealthy_after)
+    ages = _Ages(meta, now_ns, time.monotonic_ns())
+    health = _health(base["running"], meta, ages, unhealthy_after)
     return InstanceStatus(**base, **found, **health)
 
 
-def _health(running: bool, meta: dict[str, str], now_ns: int, limit: float) -> dict:
+@dataclass(frozen=True, slots=True)
+class _Ages:
+    """Seconds since a stamp the collector wrote (`KEY_ns`, wall clock), by the monotonic
+    clock it wrote beside it (`KEY_mono_ns`: one clock for every process since boot, and a
+    running collector was started in this boot) when there is one, else by the wall clock."""
+
+    meta: dict[str, str]
+    now_ns: int
+    now_mono_ns: int
+
+    def __call__(self, key: str) -> float | None:
+        mono = _int(self.meta.get(f"{key}_mono_ns"))
+        if mono:
+            return (self.now_mono_ns - mono) / 1e9
+        wall = _int(self.meta.get(f"{key}_ns"))
+        return (self.now_ns - wall) / 1e9 if wall else None
+
+
+def _health(running: bool, meta: dict[str, str], age: _Ages, limit: float) -> dict:
     """`healthy`, `problems`, the driver's connection and, when stopped, how it ended."""
     connected = {"1": True, "0": False}.get(meta.get("driver_connected", ""))
     since_ns = _int(meta.get("driver_since_ns"))
@@ -125,16 +147,17 @@ def _health(running: bool, meta: dict[str, str], now_ns: int, limit: float) -> d
             "connection": None,
             "last_stop": last_stop,
         }
-    if connected is False and since_ns and (now_ns - since_ns) / 1e9 > limit:
+    disconnected = age("driver_since") if connected is False else None
+    if disconnected is not None and disconnected > limit:
         detail = meta.get("driver_detail", "")
-        problems.append(f"driver disconnected for {(now_ns - since_ns) / 1e9:.0f}s: {detail}")
-    failing_ns = _int(meta.get("sender_failing_since_ns"))
-    if failing_ns and (now_ns - failing_ns) / 1e9 > limit:
+        problems.append(f"driver disconnected for {disconnected:.0f}s: {detail}")
+    failing = age("sender_failing_since")
+    if failing is not None and failing > limit:
         state = meta.get("sender_state", "")
-        problems.append(f"sender failing for {(now_ns - failing_ns) / 1e9:.0f}s: {state}")
-    beat_ns = _int(meta.get("heartbeat_ns"))
-    if beat_ns and (now_ns - beat_ns) / 1e9 > limit + HEARTBEAT_SLACK_SECONDS:
-        problems.append(f"sender silent for {(now_ns - beat_ns) / 1e9:.0f}s (stuck?)")
+        problems.append(f"sender failing for {failing:.0f}s: {state}")
+    silent = age("heartbeat")
+    if silent is not None and silent > limit + HEARTBEAT_SLACK_SECONDS:
+        problems.append(f"sender silent for {silent:.0f}s (stuck?)")
     return {
         "healthy": not problems,
         "problems": problems,

@@ -198,10 +198,8 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         # pandas; the Arrow paths Sluice uses do not go through pandas.
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
         url = remote_url(settings)
-        if url and settings.remote == AUTO:
-            return _attached_or_local(url, settings)
         if url:
-            return _attached(url)
+            return _attached(url, settings)
         active = local_session(settings)
     from pipeline.spark.source import register_sources
 
@@ -209,9 +207,11 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     return active
 
 
-def _attached(url: str) -> SparkSession:
-    """A session on the server the settings name, or `SparkUnreachable` if it does not answer
-    (PySpark's own error is a page of gRPC state)."""
+def _attached(url: str, settings: SparkSettings) -> SparkSession:
+    """A session on the server at `url`. One that does not answer its first call is, when
+    `auto` found it, a local session instead (stopped or killed since it was found, or a
+    restart that died: a found server is a speed-up, never a reason for a job to fail); when
+    the settings name it, `SparkUnreachable` (PySpark's own error is a page of gRPC state)."""
     from grpc import StatusCode
     from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
@@ -224,30 +224,12 @@ def _attached(url: str) -> SparkSession:
         if exc.getGrpcStatusCode() != StatusCode.UNAVAILABLE:
             raise
         active.stop()
-        raise SparkUnreachable(url) from None
-    return active
-
-
-def _attached_or_local(url: str, settings: SparkSettings) -> SparkSession:
-    """A session on the server found running at `url`, or a local one if that server stops
-    answering before anything ran on it (stopped or killed since it was found, or a restart
-    that died): a server found by `auto` is a speed-up, never a reason for a job to fail."""
-    from grpc import StatusCode
-    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
-
-    from pipeline.spark.source import register_sources
-
-    active = attach(url)
-    try:
-        register_sources(active)  # the session's first call to the server
-    except SparkConnectGrpcException as exc:
-        if exc.getGrpcStatusCode() != StatusCode.UNAVAILABLE:
-            raise
+        if settings.remote != AUTO:
+            raise SparkUnreachable(url) from None
         log.warning(
             "the Spark Connect server at %s does not answer; starting a local Spark",
             url.split("/;", maxsplit=1)[0],
         )
-        active.stop()
         # PySpark marks the process as a Connect client on attaching; a local session is
         # refused while the mark is there.
         os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)

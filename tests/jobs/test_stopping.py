@@ -28,7 +28,7 @@ from pipeline.spark import connect
 from pipeline.spark.session import SparkSettings, spark_conf
 from pipeline.streams import open_store
 from tests.spark.conftest import fill, per_key_sequences
-from tests.spark.killing import ROOT, job_env
+from tests.spark.killing import ROOT, job_env, run_to_completion
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -199,16 +199,7 @@ def assert_stopped(code: int, summary: dict, err: str, *, cleanly: bool = True) 
 def finish_and_assert_each_event_once(stores: Stores, env: dict[str, str], *flags: str) -> None:
     """A run until caught up finishes the rest; the target then holds every source event
     once, in the source's order for each key."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *stores.mirror("--available-now", *flags)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    run_to_completion(stores.mirror("--available-now", *flags), env)
     with open_store(stores.edge) as source, open_store(stores.cloud) as target:
         sent = [e.payload for e in source.read(SOURCE)]
         copied = [e.payload for e in target.read(TARGET)]

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -455,7 +456,9 @@ def _is_time(arrow_type: pa.DataType) -> bool:
 
 
 def _json_metrics(spec: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    """The metrics as the JSON values `metrics.json` holds (numpy numbers as Python's)."""
+    """The metrics as the JSON values `metrics.json` holds (numpy numbers as Python's). JSON
+    has no NaN or infinity: such a metric (a mean of no rows) is kept as null, and standard
+    error names it."""
 
     import numpy as np
 
@@ -466,10 +469,31 @@ def _json_metrics(spec: str, metrics: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(msg)
 
     try:
-        return json.loads(json.dumps(metrics, default=plain))
+        values = json.loads(json.dumps(metrics, default=plain))
     except (TypeError, ValueError) as exc:
         reason = f"its metrics hold a value that is not JSON ({exc}): return numbers, text, "
         raise ModelError(spec, reason + "true/false, null, and lists and dicts of them") from None
+    nulled: list[tuple[str, str]] = []
+    values = _finite(values, "", nulled)
+    if nulled:
+        named = ", ".join(f"{where} ({value})" for where, value in nulled)
+        print(
+            f"model {spec}: metrics kept as null (JSON has no NaN or infinity): {named}",
+            file=sys.stderr,
+        )
+    return values
+
+
+def _finite(value: Any, where: str, nulled: list[tuple[str, str]]) -> Any:
+    """`value` with each NaN or infinite float replaced by None, its place noted in `nulled`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        nulled.append((where, repr(value)))
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{where}.{k}" if where else k, nulled) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v, f"{where}[{i}]", nulled) for i, v in enumerate(value)]
+    return value
 
 
 def _described(exc: BaseException) -> str:

@@ -5,8 +5,9 @@
 - `pipeline.models.join:join`: the time-series join of two series found in the slice.
 
 A model is `fn(frame, **params) -> DataFrame | (DataFrame, dict)`: `frame` is a pandas
-DataFrame of the slice's rows, the dict is its metrics. A model may declare
-`fn.version = "..."`; otherwise its version is a hash of its source.
+DataFrame of the slice's rows, the dict is its metrics: JSON values (numpy numbers are
+taken as numbers; a NaN or infinite metric is kept as null, as JSON has neither). A model may
+declare `fn.version = "..."`; otherwise its version is a hash of its source.
 
 A model that sets `fn.takes_arrow = True` is handed the rows as one `pyarrow.Table` instead:
 the same columns and order, without a pandas conversion; the per-event columns (scalars,

@@ -50,6 +50,10 @@ def prints(frame):
     return frame, {"rows": np.int64(len(frame)), "mean": np.float32(0.5)}
 
 
+def not_finite(frame):
+    return frame, {"rmse": float("nan"), "worst": [1.0, np.float64("inf")], "ok": 2.5}
+
+
 def returns(frame, what: str = ""):
     return {
         "mixed": pd.DataFrame({"x": [1, "a"]}),
@@ -134,6 +138,15 @@ def test_prints_go_to_stderr_and_numpy_metrics_are_numbers(models, capsys):
     assert metrics == {"rows": 3, "mean": 0.5} and type(metrics["rows"]) is int
     out, err = capsys.readouterr()
     assert out == "" and err == "hello from the model\n"
+
+
+def test_metrics_json_has_no_nan_or_infinity(models, capsys):
+    """JSON has neither: a NaN metric (a mean of no rows) is kept as null, and said so."""
+    _, metrics = run_model(load_model("misbehaving:not_finite"), ROWS)
+    assert metrics == {"rmse": None, "worst": [1.0, None], "ok": 2.5}
+    json.dumps(metrics, allow_nan=False)  # strict JSON readers take it
+    err = capsys.readouterr().err
+    assert "metrics kept as null (JSON has no NaN or infinity): rmse (nan), worst[1] (inf)" in err
 
 
 @pytest.mark.spark

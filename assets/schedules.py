@@ -4,9 +4,10 @@ A replay asset's code version is its model's version and parameters; each materi
 records the version it ran with (the `dagster/code_version` tag). Per family, a tick requests
 one run for every slice partition where some model's latest replay ran another version or
 never ran: after a change to a model's code, its replays are stale in the UI until this runs.
-When nothing is stale, it revalidates the slice whose replay is the oldest: the run reads the
-slice again between its cuts (the stream must still hold them, every block's checksum
-intact), runs the current model over it and checks that a second replay gives the same bytes.
+When nothing is stale, it revalidates the slice checked longest ago: the run reads the slice
+again between its cuts (the stream must still hold them, every block's checksum intact), runs
+the current model over it and checks that a second replay gives the same bytes. A slice whose
+revalidation fails is tried again in its next turn, after the others.
 Slices with a replay run queued or running (the new-slices sensor's) are left to that run.
 Every run says why in its tags (`sluice/replay_reason`, `sluice/revalidates`).
 """
@@ -71,13 +72,30 @@ def stale_partitions(
     ]
 
 
+def revalidations_tried(instance: dg.DagsterInstance, family: StreamFamily) -> dict[str, float]:
+    """When each slice partition's latest revalidation run was created (epoch seconds),
+    whatever became of it."""
+    runs = instance.get_run_records(
+        dg.RunsFilter(job_name=replay_job_name(family), tags={REPLAY_REASON_TAG: "revalidate"})
+    )
+    tried: dict[str, float] = {}
+    for r in runs:
+        if (p := r.dagster_run.tags.get(PARTITION_TAG)) is not None:
+            tried[p] = max(tried.get(p, 0.0), r.create_timestamp.timestamp())
+    return tried
+
+
 def oldest_replay(
     instance: dg.DagsterInstance, family: StreamFamily, keys: Sequence[dg.AssetKey]
 ) -> tuple[str, dg.EventLogRecord] | None:
-    """The partition whose oldest model replay is the oldest of all (not in flight), with that
-    replay's record; None when no slice has been replayed by every model."""
+    """The partition checked longest ago (not in flight), with its oldest model replay's
+    record; None when no slice has been replayed by every model. A partition was checked when
+    its oldest model replay was recorded or when a revalidation of it was last tried, if later:
+    a slice whose history no longer replays fails its turn and goes to the back of the line,
+    instead of taking every night's turn from the slices behind it."""
     busy = partitions_in_flight(instance, family)
-    oldest: tuple[str, dg.EventLogRecord] | None = None
+    tried = revalidations_tried(instance, family)
+    oldest: tuple[tuple[float, int], str, dg.EventLogRecord] | None = None
     for partition in instance.get_dynamic_partitions(slice_partitions(family).name):
         if partition in busy:
             continue
@@ -85,9 +103,10 @@ def oldest_replay(
         if not records or any(r is None for r in records):
             continue
         first = min((r for r in records if r is not None), key=lambda r: r.storage_id)
-        if oldest is None or first.storage_id < oldest[1].storage_id:
-            oldest = (partition, first)
-    return oldest
+        checked = (max(first.timestamp, tried.get(partition, 0.0)), first.storage_id)
+        if oldest is None or checked < oldest[0]:
+            oldest = (checked, partition, first)
+    return (oldest[1], oldest[2]) if oldest is not None else None
 
 
 def tick_text(context: dg.ScheduleEvaluationContext) -> str | None:

@@ -68,3 +68,26 @@ def test_stale_slices_first_then_the_oldest_replay_is_revalidated(settings):
         changed = nightly(instance, net, "v3")
         assert sorted(r.partition_key for r in changed) == ["sl-a", "sl-b"]
         assert {r.tags["sluice/replay_reason"] for r in changed} == {"stale"}
+
+
+def test_a_slice_that_fails_its_revalidation_does_not_take_every_night(settings):
+    """A slice whose history no longer replays (its stream truncated, a block damaged) fails
+    its revalidation: the next nights check the other slices, then it again."""
+    net = settings.family("network")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("network_slices", ["sl-a", "sl-b", "sl-c"])
+        for partition in ("sl-a", "sl-b", "sl-c"):
+            replayed(instance, partition, "v2")
+        turns = []
+        for _ in range(4):
+            (check,) = nightly(instance, net, "v2")
+            turns.append(check.partition_key)
+            tags = {**check.tags, "dagster/partition": check.partition_key}
+            failed = DagsterRun(
+                job_name="replay_network",
+                run_id=str(uuid.uuid4()),
+                tags=tags,
+                status=dg.DagsterRunStatus.FAILURE,
+            )
+            instance.add_run(failed)  # no replay recorded: the revalidation failed
+        assert turns == ["sl-a", "sl-b", "sl-c", "sl-a"]

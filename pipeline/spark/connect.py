@@ -256,12 +256,21 @@ def start_server(
     written as soon as the server is launched, so `stop_server` finds a server still starting;
     a start interrupted here (Ctrl-C, or the CLI's SIGTERM) stops it and removes the file.
     `host` other than loopback needs TLS and an authenticating proxy in front (`DESIGN.md`);
-    the token alone travels in clear text without TLS."""
+    the token alone travels in clear text without TLS. One start at a time: a second one
+    waits for the first and then finds its server."""
+    state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
+    with (state_dir(home) / "start.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process is killed
+        return _start_locked(home, session_conf, host, port, timeout)
+
+
+def _start_locked(
+    home: Path, session_conf: Mapping[str, str], host: str, port: int | None, timeout: float
+) -> ServerState:
     found = ServerState.read(state_path(home))
     if found is not None and is_server(found):
         if _until_accepting(found, timeout, alive=lambda: is_server(found)):
             return found
-    state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
     port = port or free_port(host)
     token = secrets.token_urlsafe(32)
     log = state_dir(home) / "connect.log"

@@ -104,12 +104,14 @@ def home(tmp_path):
             time.sleep(0.1)
 
 
-def sluice_spark(home: Path, action: str) -> subprocess.Popen:
+def sluice_spark(home: Path, action: str, prelude: str = "") -> subprocess.Popen:
     """`sluice spark ACTION` for `home`, with Ctrl-C raising KeyboardInterrupt as in a
-    terminal (a process a shell starts in the background inherits SIGINT ignored)."""
+    terminal (a process a shell starts in the background inherits SIGINT ignored); `prelude`
+    is Python run first."""
     script = (
         "import signal, sys\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"{prelude}"
         "from pipeline.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
@@ -165,3 +167,24 @@ def test_a_start_killed_while_the_server_starts_is_waited_for_then_stopped(home)
     assert servers(home) == [server]
     assert run(home, "stop") == {"status": "stopped", "pid": server}
     assert servers(home) == []
+
+
+@pytest.mark.slow
+def test_two_starts_at_once_start_one_server(home):
+    """Two `sluice spark start` at the same instant (`make ui` and a script, say): one
+    launches, the other waits for it and reports the same server. Each start takes a second
+    to choose its port, so that both look for a server before either has launched one."""
+    slow_port = (
+        "import time\n"
+        "from pipeline.spark import connect\n"
+        "free_port = connect.free_port\n"
+        "connect.free_port = lambda host: (time.sleep(1), free_port(host))[1]\n"
+    )
+    starters = [sluice_spark(home, "start", slow_port) for _ in range(2)]
+    reports = []
+    for starter in starters:
+        out, err = starter.communicate(timeout=300)
+        assert starter.returncode == 0, err[-3000:]
+        reports.append(json.loads(out))
+    assert reports[0]["pid"] == reports[1]["pid"]
+    assert servers(home) == [reports[0]["pid"]]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pipeline.settings import SluiceSettings, load_settings
+from tests import disks
+from tests.disks import SmallDisk
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,40 +106,11 @@ def settings(_sluice_home: Path) -> SluiceSettings:
     return load_settings(REPO / "sluice.toml", environ={}, home=_sluice_home)
 
 
-class SmallDisk:
-    """A 1 MiB tmpfs mounted at `path`, to fill up or turn read-only (`small_disk`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.ballast = path / "ballast"
-
-    def fill(self, leave: int = 0) -> None:
-        """Take all of its free space but `leave` bytes (rounded down to whole pages)."""
-        stats = os.statvfs(self.path)
-        free = stats.f_bavail * stats.f_frsize
-        with self.ballast.open("ab") as ballast:
-            ballast.write(b"\0" * max(0, free - leave))
-
-    def free(self) -> None:
-        self.ballast.unlink(missing_ok=True)
-
-    def read_only(self) -> None:
-        subprocess.run(["mount", "-o", "remount,ro", str(self.path)], check=True)
-
-
 @pytest.fixture
-def small_disk(tmp_path) -> SmallDisk:
+def small_disk(tmp_path) -> Iterator[SmallDisk]:
     """A real 1 MiB disk (a tmpfs; root only, else the test is skipped), unmounted after the
     test: for outputs on a full or read-only filesystem."""
-    disk = tmp_path / "small-disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("a small tmpfs disk needs root and mount")
-    command = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
-        yield SmallDisk(disk)
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+    with disks.small_disk(tmp_path / "small-disk", "1m") as disk:
+        if disk is None:
+            pytest.skip("a small tmpfs disk needs root and mount")
+        yield disk

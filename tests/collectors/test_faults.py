@@ -4,11 +4,8 @@ behaviour a user expects, and nothing stored, buffered or given as input is harm
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
 import sqlite3
-import subprocess
 import threading
 import time
 
@@ -27,6 +24,7 @@ from collectors.errors import (
 from collectors.failpoints import Failpoints
 from collectors.service import run_service
 from pipeline.streams import StoreUnavailable
+from tests.disks import small_disk
 
 from .conftest import read_payloads, run_cli, wait_for
 from .test_files import counters, csv_file, files_config, rows_in, settle
@@ -286,26 +284,14 @@ def test_buffer_files_are_owner_only_unless_group_read_is_set(
 
 
 # --- a full disk under the buffer ----------------------------------------------------------
-def small_disk(path, size: str = "8m") -> bool:
-    """A tmpfs of `size` mounted at `path` (root only); False when it cannot be mounted."""
-    path.mkdir(parents=True)
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
-    return subprocess.run(command, capture_output=True, check=False).returncode == 0
-
-
 @pytest.fixture
 def full_disk(tmp_path):
     """An 8 MiB disk with 5 MiB of it taken by a ballast file, unmounted afterwards."""
-    disk = tmp_path / "small-disk"
-    if not small_disk(disk):
-        pytest.skip("a small tmpfs disk needs root and mount")
-    try:
-        (disk / "ballast").write_bytes(b"\0" * (5 << 20))
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+    with small_disk(tmp_path / "small-disk", "8m") as disk:
+        if disk is None:
+            pytest.skip("a small tmpfs disk needs root and mount")
+        disk.take(5 << 20)
+        yield disk.path
 
 
 def test_a_full_disk_under_the_buffer_is_survived_and_every_sample_sent_once(

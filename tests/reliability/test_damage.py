@@ -21,6 +21,7 @@ import pytest
 from pipeline.streams import StreamCut, StreamStoreError, open_store
 from pipeline.streams.embedded.routing import key_position
 from pipeline.streams.errors import Corrupted, SegmentDamaged
+from tests.disks import small_disk
 
 pytestmark = pytest.mark.slow
 
@@ -255,29 +256,14 @@ FULL_DISK = textwrap.dedent(
 )
 
 
-def can_mount_tmpfs(target: Path) -> bool:
-    target.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(target)],
-        capture_output=True,
-        check=False,
-    )
-    return done.returncode == 0
-
-
 def test_a_full_disk_is_a_typed_error_and_recovers(tmp_path):
-    mount = tmp_path / "small-disk"
-    mounted = can_mount_tmpfs(mount)
-    try:
-        store_dir = mount / "streams"
-        ballast = mount / "ballast"
-        if mounted:
-            ballast.write_bytes(b"\0" * (1 << 20))
+    with small_disk(tmp_path / "small-disk", "6m") as disk:
+        store_dir = tmp_path / "small-disk" / "streams"
+        if disk is not None:
+            disk.take(1 << 20)
         elif not _has_resource():
             pytest.skip("neither a tmpfs mount (needs root) nor RLIMIT_FSIZE is available")
-        limit = 0 if mounted else 3 << 20  # else the subprocess's own file size limit
+        limit = 0 if disk else 3 << 20  # else the subprocess's own file size limit
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         done = subprocess.run(
             [sys.executable, "-c", FULL_DISK, str(store_dir), str(limit)],
@@ -291,8 +277,8 @@ def test_a_full_disk_is_a_typed_error_and_recovers(tmp_path):
         assert result["failed"] and "no space left" in result["failed"], result
         acked = result["acked"]
         assert acked > 0
-        if mounted:
-            ballast.unlink()  # space freed: the same store takes writes again
+        if disk:
+            disk.free()  # space freed: the same store takes writes again
         with open_store(f"embedded:{store_dir}") as store:
             numbers = [e.payload for e in store.read("full/s")]
             assert len(numbers) in (acked, acked + 1), "acknowledged data intact, no torn event"
@@ -302,9 +288,6 @@ def test_a_full_disk_is_a_typed_error_and_recovers(tmp_path):
                 writer.write(b"after", routing_key="k", event_number=n)
             writer.flush()
             assert len(list(store.read("full/s"))) == acked + 4, "resends after the failure dedup"
-    finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _has_resource() -> bool:

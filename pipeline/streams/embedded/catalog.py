@@ -85,12 +85,37 @@ CREATE TABLE IF NOT EXISTS rg_checkpoints(
 """
 
 
+BUSY_SECONDS = 60.0
+
+
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 60000")
-    conn.execute("PRAGMA journal_mode = WAL")
+    conn = sqlite3.connect(
+        path, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False
+    )
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_SECONDS * 1000)}")
+    _into_wal(conn)
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     return conn
+
+
+def _into_wal(conn: sqlite3.Connection) -> None:
+    """Put the catalog in WAL mode. Switching a new database takes an exclusive lock, and
+    SQLite refuses it at once ("database is locked", whatever the busy timeout: waiting could
+    deadlock) while another process opening the same new store holds its shared lock: so it
+    is tried again until the busy timeout, as any other lock is waited for."""
+    deadline = time.monotonic() + BUSY_SECONDS
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        else:
+            if mode == "wal":
+                return
+            msg = f"the catalog stays in {mode} journal mode, not WAL"
+            raise sqlite3.OperationalError(msg)
+        time.sleep(0.005)
 
 
 class Catalog:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import queue
 import socket
 import threading
@@ -323,13 +324,23 @@ class MqttDriver:
             return base64.b64encode(payload).decode()
         text = payload.decode("utf-8")  # UnicodeDecodeError is a ValueError
         if self.options.payload_format == "json":
-            return json.loads(text, parse_constant=_refuse_constant)
+            return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
         return text
 
 
 def _refuse_constant(name: str) -> Any:
     msg = f"{name} is not valid JSON"
     raise ValueError(msg)
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float; one beyond a double's range (`1e400`) is refused rather than
+    kept as infinity (which JSON cannot hold: it was written as null)."""
+    number = float(text)
+    if not math.isfinite(number):
+        msg = f"the number {text} is beyond the range of a double"
+        raise ValueError(msg)
+    return number
 
 
 def _stop_client(client: Any) -> None:

@@ -89,6 +89,7 @@ def test_messages_become_events_once_in_order(make_config, service, store_dir, m
     wait_subscribed(mosquitto.port, store_dir)
     messages = [(f"sensors/{'ab'[i % 2]}", json.dumps({"i": i}).encode()) for i in range(200)]
     messages.insert(57, ("sensors/a", b"{not json"))
+    messages.insert(120, ("sensors/b", b'{"v": 1e400}'))  # JSON, but no double holds it
     publish(mosquitto.port, messages, qos=qos)
     wait_for(lambda: len(received(store_dir)) == 200)
     time.sleep(0.5)
@@ -107,12 +108,14 @@ def test_messages_become_events_once_in_order(make_config, service, store_dir, m
         "LastTimestampFormatted",
     ]
     buffer = Buffer(config.instances[0].buffer_file, 10)
-    (source, reason, payload) = buffer.conn.execute(
-        "SELECT source, reason, payload FROM quarantine"
-    ).fetchone()
-    assert source == "mqtt sensors/a" and reason.startswith("payload is not json")
-    assert payload == b"{not json"
-    assert buffer.counters()["quarantined"] == 1
+    not_json, too_large = buffer.conn.execute(
+        "SELECT source, reason, payload FROM quarantine ORDER BY source"
+    ).fetchall()
+    assert not_json[0] == "mqtt sensors/a" and not_json[1].startswith("payload is not json")
+    assert not_json[2] == b"{not json"
+    assert too_large[0] == "mqtt sensors/b"
+    assert too_large[1].endswith("the number 1e400 is beyond the range of a double")
+    assert buffer.counters()["quarantined"] == 2
 
 
 def start_cli(config_path, failpoints: str | None = None) -> subprocess.Popen:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.streams import TxnFailed, open_store
+from pipeline.streams import StreamStoreError, TxnFailed, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -476,3 +476,53 @@ def test_kill9_while_a_version_1_store_is_adopted(tmp_path, dies):
         )
         assert store.verify().ok
     assert (store_dir / "store.json").exists()
+
+
+@pytest.mark.parametrize(
+    "dies", ["filling the catalog", "indexing the segments", "recording transactions"]
+)
+def test_kill9_while_repair_rebuilds_a_lost_catalog(tmp_path, dies):
+    """A `repair` killed while it rebuilds a lost catalog leaves one that is refused (run
+    repair again), never one that serves what it has not finished: the truncated stream's
+    segment, not indexed yet, was read from offset 0 (its head punched away), marked damaged
+    and its reads refused with a cut "before the start cut"."""
+    store_dir = tmp_path / "streams"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("r/cut", segments=1)
+        store.create_stream("r/txn", segments=2)
+        with store.writer("r/cut") as writer:
+            for i in range(30):
+                writer.write(b"x" * 5000 + f"c{i}".encode(), routing_key="k")
+                writer.flush()
+                if i == 14:
+                    middle = store.tail("r/cut")
+        store.truncate(middle)
+        txn = store.begin_transaction("r/txn")
+        for i in range(6):
+            txn.write(f"t{i}".encode(), routing_key=f"k{i}")
+        txn.commit()
+        written = {s: sorted(e.payload for e in store.read(s)) for s in store.list_streams()}
+    for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
+        (store_dir / name).unlink(missing_ok=True)
+    step = {
+        "filling the catalog": "fill_catalog",
+        "indexing the segments": "index_segment",
+        "recording transactions": "record_transactions",
+    }[dies]
+    patch = (
+        f"from pipeline.streams.embedded import rebuild as r; f = r.{step};"
+        f" r.{step} = lambda *a, **k: (f(*a, **k), os._exit(9))"
+    )
+    out = run_python(
+        f"import os; {patch}; from pipeline.streams import open_store;"
+        f" open_store('embedded:{store_dir}').repair()"
+    )
+    assert out.returncode == 9, out.stderr
+    with open_store(f"embedded:{store_dir}") as store:
+        with pytest.raises(StreamStoreError, match="run `sluice store repair`"):
+            store.list_streams()
+        assert not store.verify().ok
+        assert store.repair().fixed
+    with open_store(f"embedded:{store_dir}") as store:
+        assert {s: sorted(e.payload for e in store.read(s)) for s in written} == written
+        assert store.verify().ok, store.verify().problems

@@ -31,6 +31,9 @@ from pipeline.streams.errors import (
 #: The store's format (FORMAT.md, "Versions"), kept in `meta` and in `store.json`. A store of
 #: a higher one is refused with `StoreFormatTooNew`; a lower one is upgraded when opened.
 FORMAT_VERSION = 3
+#: The `meta` key of a catalog that `repair` is rebuilding: a catalog that still holds it when
+#: opened is one whose rebuild was stopped (not every segment indexed), refused until repaired.
+REBUILDING = "rebuilding"
 _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
 
 SCHEMA = """

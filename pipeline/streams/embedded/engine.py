@@ -34,7 +34,7 @@ from pipeline.streams.embedded.blocks import (
     frame_head,
     parse_header,
 )
-from pipeline.streams.embedded.catalog import Catalog, now_ns
+from pipeline.streams.embedded.catalog import REBUILDING, Catalog, now_ns
 from pipeline.streams.embedded.manifest import (
     MANIFEST_FILE,
     StreamManifest,
@@ -113,8 +113,9 @@ class Engine:
         self.read_buffers = Buffers()  # shared by every read of this store (reading.py)
         self.open_catalog()
 
-    def open_catalog(self) -> None:
-        """Open the catalog and bind it to the data (again, after `repair` rebuilt it)."""
+    def open_catalog(self, *, rebuilding: bool = False) -> None:
+        """Open the catalog and bind it to the data (again, while `repair` rebuilds it: only
+        then is a catalog whose rebuild has not finished served)."""
         self._opened.clear()
         self.store_id = ""
         # before the catalog is opened: a newer store's missing or unreadable catalog is
@@ -125,6 +126,11 @@ class Engine:
         if self.catalog.readable:
             try:
                 self.store_id = bind(self.root, self.catalog, self._head_blocks)
+                if not rebuilding and self.catalog.query_one(
+                    "SELECT 1 FROM meta WHERE key = ?", (REBUILDING,)
+                ):
+                    reason = "a repair that was rebuilding it from the data files was stopped"
+                    raise CatalogMismatch(str(self.catalog.path), reason)
             except CatalogMismatch as exc:
                 self.problem = exc
                 self.catalog.refuse(exc)

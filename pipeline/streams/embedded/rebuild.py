@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.streams.api import Problem, Progress, RepairReport, VerifyReport
 from pipeline.streams.embedded.binding import refuse_newer_store_file
 from pipeline.streams.embedded.blocks import BlockHeader
-from pipeline.streams.embedded.catalog import FORMAT_VERSION, Catalog, now_ns
+from pipeline.streams.embedded.catalog import FORMAT_VERSION, REBUILDING, Catalog, now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.integrity import Tally, seal_and_continue
 from pipeline.streams.embedded.manifest import (
@@ -118,7 +118,7 @@ def rebuild(engine: Engine, progress: Progress | None) -> RepairReport:
     finally:
         catalog.close()
     write_store_id(root, store_id, FORMAT_VERSION)
-    engine.open_catalog()
+    engine.open_catalog(rebuilding=True)
     if engine.problem is not None:
         raise engine.problem
     segments = surveyed_segments(root, manifests)
@@ -134,6 +134,8 @@ def rebuild(engine: Engine, progress: Progress | None) -> RepairReport:
             seal_and_continue(engine, row, entry.segment, (entry.key_lo, entry.key_hi), tally)
     record_transactions(engine, committed)
     report_leftover_bodies(root, committed, tally)
+    with engine.catalog.write() as db:  # the catalog is whole: served from now on
+        db.execute("DELETE FROM meta WHERE key = ?", (REBUILDING,))
     if lost_groups:
         what = f"reader groups {', '.join(lost_groups)} were in the lost catalog: recreate them"
         tally.problems.append(Problem(None, None, None, what))
@@ -200,6 +202,7 @@ def fill_catalog(catalog: Catalog, store_id: str, manifests: dict[int, StreamMan
                 ("format_version", str(FORMAT_VERSION)),
                 ("store_id", store_id),
                 ("rebuilt_ns", str(now_ns())),  # transaction ids issued before: not rebuilt
+                (REBUILDING, "1"),  # until every segment is indexed: refused if stopped before
             ],
         )
         for m in manifests.values():

@@ -526,3 +526,41 @@ def test_kill9_while_repair_rebuilds_a_lost_catalog(tmp_path, dies):
     with open_store(f"embedded:{store_dir}") as store:
         assert {s: sorted(e.payload for e in store.read(s)) for s in written} == written
         assert store.verify().ok, store.verify().problems
+
+
+def test_kill9_while_repair_drops_the_index_of_a_shortened_file(tmp_path):
+    """A segment file cut short below the stream's head: `repair` drops the index rows the
+    file lost and moves the head back in one transaction. Killed between the two (as it used
+    to be made), the head stayed past the data: `verify` and `repair` found nothing wrong, and
+    an acknowledged write landed below the head, never to be read."""
+    store_dir = tmp_path / "streams"
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("r/short", segments=1)
+        with store.writer("r/short") as writer:
+            for i in range(30):
+                writer.write(b"x" * 5000 + f"e{i}".encode(), routing_key="k")
+                writer.flush()
+                if i == 19:
+                    middle = store.tail("r/short")
+        store.truncate(middle)
+    (segment,) = (store_dir / "data").rglob("*.seg")
+    os.truncate(segment, 50_000)  # below the head: every event the stream still held is lost
+    patch = (
+        "from pipeline.streams.embedded import engine as e;"
+        " e.Engine.changing = lambda self, row: os._exit(9)"
+    )
+    out = run_python(
+        f"import os; {patch}; from pipeline.streams import open_store;"
+        f" open_store('embedded:{store_dir}').repair()"
+    )
+    assert out.returncode == 9, out.stderr
+    with open_store(f"embedded:{store_dir}") as store:
+        assert not store.verify().ok, "the lost events are still reported"
+        report = store.repair()
+        assert [p.what for p in report.unfixed] == [
+            "the segment file ends at 50000: 10 events in 10 blocks from 101230 to 151850 are lost"
+        ]
+        with store.writer("r/short") as writer:
+            writer.write(b"after", routing_key="k")
+        assert [e.payload for e in store.read("r/short")] == [b"after"]
+        assert store.verify().ok

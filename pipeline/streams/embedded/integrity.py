@@ -291,12 +291,11 @@ def drop_lost_rows(
             f" {max(readable[0].offset, head)} to {readable[-1].end} are lost"
         )
         add(tally, row, segment, max(readable[0].offset, head), what)
-    with engine.catalog.write(engine.catalog.index) as db:
+    with engine.changing(row) as db:  # one transaction: rows, head and positions move together
         db.execute(
             "DELETE FROM blocks WHERE stream_id=? AND segment=? AND offset>=?",
             (row.id, segment, first),
         )
-    with engine.changing(row) as db:
         db.execute(
             "UPDATE segments SET head=MIN(head, ?) WHERE stream_id=? AND segment=?",
             (first, row.id, segment),

@@ -478,6 +478,19 @@ def test_kill9_while_a_version_1_store_is_adopted(tmp_path, dies):
     assert (store_dir / "store.json").exists()
 
 
+def truncated_in_the_middle(store, stream: str, events: int, kept: int) -> None:
+    """A one-segment stream of `events` blocks of one 5 kB event each, truncated to the last
+    `kept` (its head is then mid-file, the bytes before it punched away)."""
+    store.create_stream(stream, segments=1)
+    with store.writer(stream) as writer:
+        for i in range(events):
+            writer.write(b"x" * 5000 + f"e{i}".encode(), routing_key="k")
+            writer.flush()
+            if i == events - kept - 1:
+                middle = store.tail(stream)
+    store.truncate(middle)
+
+
 @pytest.mark.parametrize(
     "dies", ["filling the catalog", "indexing the segments", "recording transactions"]
 )
@@ -488,15 +501,8 @@ def test_kill9_while_repair_rebuilds_a_lost_catalog(tmp_path, dies):
     and its reads refused with a cut "before the start cut"."""
     store_dir = tmp_path / "streams"
     with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream("r/cut", segments=1)
         store.create_stream("r/txn", segments=2)
-        with store.writer("r/cut") as writer:
-            for i in range(30):
-                writer.write(b"x" * 5000 + f"c{i}".encode(), routing_key="k")
-                writer.flush()
-                if i == 14:
-                    middle = store.tail("r/cut")
-        store.truncate(middle)
+        truncated_in_the_middle(store, "r/cut", events=30, kept=15)
         txn = store.begin_transaction("r/txn")
         for i in range(6):
             txn.write(f"t{i}".encode(), routing_key=f"k{i}")
@@ -535,14 +541,7 @@ def test_kill9_while_repair_drops_the_index_of_a_shortened_file(tmp_path):
     an acknowledged write landed below the head, never to be read."""
     store_dir = tmp_path / "streams"
     with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream("r/short", segments=1)
-        with store.writer("r/short") as writer:
-            for i in range(30):
-                writer.write(b"x" * 5000 + f"e{i}".encode(), routing_key="k")
-                writer.flush()
-                if i == 19:
-                    middle = store.tail("r/short")
-        store.truncate(middle)
+        truncated_in_the_middle(store, "r/short", events=30, kept=10)
     (segment,) = (store_dir / "data").rglob("*.seg")
     os.truncate(segment, 50_000)  # below the head: every event the stream still held is lost
     patch = (

@@ -164,7 +164,7 @@ class Retention:
     max_age_seconds: float | None = None
 
 
-#: The most segments a stream is created with (as Pravega allows).
+#: The most active segments a stream has, when created and after a scale (as Pravega allows).
 MAX_SEGMENTS = 1024
 
 
@@ -176,16 +176,31 @@ def check_segments(segments: object) -> int:
     return segments  # type: ignore[return-value]
 
 
+#: The largest retention limits: a byte count and an age in nanoseconds are signed 64-bit
+#: integers where they are stored and compared (an age of 292 years).
+MAX_RETENTION_BYTES = 2**63 - 1
+MAX_RETENTION_SECONDS = (2**63 - 1) // 10**9
+
+
 def check_retention(retention: Retention) -> Retention:
-    """`retention` if each limit it sets is positive; else `InvalidArgument`. Checked when a
-    stream is created, and before a recorded policy is applied (one an earlier Sluice
-    accepted is refused, never applied: it would drop everything)."""
-    if retention.max_bytes is not None:
+    """`retention` if each limit it sets is positive and fits; else `InvalidArgument`. Checked
+    when a stream is created, and before a recorded policy is applied (one an earlier Sluice
+    accepted is refused, never applied: it would drop everything, or could not be computed)."""
+    if (max_bytes := retention.max_bytes) is not None:
+        name = "retention max_bytes"
         rule = "keep a positive whole number of bytes, or set no byte limit"
-        check_count("retention max_bytes", retention.max_bytes, 1, rule)
-    if retention.max_age_seconds is not None:
+        if check_count(name, max_bytes, 1, rule) > MAX_RETENTION_BYTES:
+            rule = f"keep at most {MAX_RETENTION_BYTES:,} bytes, or set no byte limit"
+            raise InvalidArgument(name, max_bytes, rule)
+    if (max_age := retention.max_age_seconds) is not None:
+        name = "retention max_age_seconds"
         rule = "keep events for a positive number of seconds, or set no age limit"
-        check_positive("retention max_age_seconds", retention.max_age_seconds, rule)
+        if check_positive(name, max_age, rule) > MAX_RETENTION_SECONDS:
+            rule = (
+                f"keep events for at most {MAX_RETENTION_SECONDS:,} seconds (292 years),"
+                " or set no age limit"
+            )
+            raise InvalidArgument(name, max_age, rule)
     return retention
 
 

@@ -111,7 +111,8 @@ class EmbeddedReader(EventReader):
 
         A segment is done when it is sealed and the group's committed position is its tail; it
         is ready when it is not done and all its predecessors are (per-key order across a
-        scale). Segments created by a scale after the group started join at their beginning.
+        scale). Segments created by a scale after the group started join at their beginning,
+        offset 0 (a successor truncated before the group reached it raises `Truncated`).
         """
         now = now_ns()
         dead_before = now - int(READER_TIMEOUT_S * 1e9)
@@ -131,7 +132,7 @@ class EmbeddedReader(EventReader):
             )
             db.execute(
                 "INSERT OR IGNORE INTO rg_positions(group_name, segment, offset)"
-                " SELECT ?, segment, head FROM segments WHERE stream_id=?",
+                " SELECT ?, segment, 0 FROM segments WHERE stream_id=?",
                 (name, row.id),
             )
             live = {

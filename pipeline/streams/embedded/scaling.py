@@ -17,7 +17,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from pipeline.streams.api import ScalingPolicy
+from pipeline.streams.api import MAX_SEGMENTS, ScalingPolicy
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.errors import InvalidArgument, InvalidCut, SegmentNotActive, StreamSealed
 
@@ -34,6 +34,12 @@ def scale(
         if seg not in active:
             raise SegmentNotActive(row.qualified, seg, sorted(active))
     _check_cover(row, [active[s] for s in seal], ranges)
+    if len(active) - len(seal) + len(ranges) > MAX_SEGMENTS:
+        rule = (
+            f"{row.qualified} has {len(active)} active segments, and a stream has at most"
+            f" {MAX_SEGMENTS}: split into fewer parts, or merge cold segments first"
+        )
+        raise InvalidArgument(name="number of new segments", value=len(ranges), rule=rule)
     with ExitStack() as locks:
         for seg in sorted(seal):  # block appends to the sealed segments while they change
             locks.enter_context(engine.segment_file(row, seg).locked())
@@ -89,7 +95,7 @@ def _check_cover(
         not new
         or span_old is None
         or span_new is None
-        or any(lo >= hi for lo, hi in new)
+        or any(not lo < hi for lo, hi in new)  # (NaN is not below anything)
         or (abs(span_old[0] - span_new[0]) > EPSILON or abs(span_old[1] - span_new[1]) > EPSILON)
     ):
         rule = (

@@ -258,11 +258,12 @@ class EmbeddedStore(StreamStore):
         start = engine.check_cut(row, start) if start else engine.head(row)
         end = engine.check_cut(row, end) if end else engine.tail(row)
         # A segment a cut does not name was created after the cut (by scaling): everything in
-        # it comes after that cut, so its position in that cut is its beginning.
+        # it comes after that cut, so its position in that cut is its beginning, offset 0 (not
+        # its head: a read from before a truncation raises `Truncated`, never skips data).
         starts, ends = start.segments, end.segments
         for seg in sorted(set(starts) | set(ends)):
-            starts.setdefault(seg, engine.segment_head(row, seg))
-            ends.setdefault(seg, engine.segment_head(row, seg))
+            starts.setdefault(seg, 0)
+            ends.setdefault(seg, 0)
             if ends[seg] < starts[seg]:
                 raise InvalidCut(end.text, f"it is before the start cut in segment {seg}")
             yield seg, starts[seg], ends[seg]
@@ -326,8 +327,10 @@ class EmbeddedStore(StreamStore):
         cut = as_cut(cut)
         row = engine.stream_row(cut.stream)
         cut = engine.check_cut(row, cut)
+        heads = engine.head(row).segments
         for seg, off in cut.positions:
-            engine.check_boundary(row, seg, off)
+            if off > heads[seg]:  # a position the head has passed is truncated already
+                engine.check_boundary(row, seg, off)
         with engine.changing(row) as db:
             for seg, off in cut.positions:
                 db.execute(

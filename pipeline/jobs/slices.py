@@ -14,7 +14,16 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 
 from pipeline.errors import SluiceError
-from pipeline.streams import Event, StreamCut, StreamStore, parse_stream
+from pipeline.streams import (
+    Event,
+    InvalidCut,
+    InvalidName,
+    StreamCut,
+    StreamStore,
+    Truncated,
+    parse_stream,
+)
+from pipeline.streams.names import check_name
 
 SLICE_VERSION = 1
 DEFAULT_SLICES_STREAM = "sluice/slices"
@@ -147,6 +156,8 @@ class SliceRecord:
         if missing := names - data.keys():
             msg = f"missing {', '.join(sorted(missing))}"
             raise bad(msg)
+        if problem := _field_problem(data):
+            raise bad(problem)
         return cls(**{k: data[k] for k in names})
 
     def row(self) -> dict:
@@ -159,24 +170,64 @@ class SliceRecord:
         }
 
 
+#: The JSON types of a slice record's fields (`None` where a field may be null).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "slice_id": (str,),
+    "stream": (str,),
+    "sensor": (str, type(None)),
+    "start_cut": (str,),
+    "end_cut": (str,),
+    "start_time_ns": (int,),
+    "end_time_ns": (int,),
+    "reason": (str,),
+    "created_by": (str,),
+    "sensor_by": (str, type(None)),
+}
+
+_JSON = {str: "a string", int: "a whole number", type(None): "null"}
+
+
+def _field_problem(data: dict) -> str | None:
+    """What is wrong with the fields of a record read back, if anything: a field of another
+    type, or a slice id that could not name a directory (a replay writes under it)."""
+    for name, types in _FIELD_TYPES.items():
+        value = data[name]
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"{name} is {json.dumps(value)[:80]}, not {' or '.join(_JSON[t] for t in types)}"
+    try:
+        check_name("slice id", data["slice_id"])
+    except InvalidName as exc:
+        return f"slice id {data['slice_id'][:80]!r} cannot name a directory: {exc.reason}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class SliceExtent:
     """What a slice holds in the store: the events between its cuts (of its sensor when the
     sensor is a routing key; of every sensor when columns name it, which only a flatten can
-    tell apart) and their bytes."""
+    tell apart) and their bytes. A slice the stream was truncated into holds no count:
+    `truncated` says what was dropped (it can no longer be replayed whole)."""
 
-    events: int
-    bytes: int
+    events: int | None
+    bytes: int | None
+    truncated: str | None = None
 
     @classmethod
     def of(cls, store: StreamStore, record: SliceRecord) -> SliceExtent:
         by_key = record.sensor is not None and record.sensor_by in (None, "routing_key")
         events = size = 0
-        for event in store.read(record.stream, *record.cuts):
-            if by_key and event.routing_key != record.sensor:
-                continue
-            events += 1
-            size += event.end_offset - event.offset
+        try:
+            for event in store.read(record.stream, *record.cuts):
+                if by_key and event.routing_key != record.sensor:
+                    continue
+                events += 1
+                size += event.end_offset - event.offset
+        except Truncated as exc:
+            dropped = (
+                f"segment {exc.segment} was truncated at offset {exc.truncated_at},"
+                f" past the slice's position {exc.offset}"
+            )
+            return cls(None, None, dropped)
         return cls(events, size)
 
 
@@ -235,13 +286,28 @@ def find_slice(
     raise SliceNotFound(slice_id, slices_stream)
 
 
+def check_cuts(record: SliceRecord) -> None:
+    """Raise `InvalidCut` unless the record's cuts parse, are cuts of its stream, and its end
+    cut is nowhere before its start cut (a segment a cut does not name is at its beginning)."""
+    scope, name = parse_stream(record.stream)
+    start, end = (cut.check_stream(scope, name) for cut in record.cuts)
+    begin, finish = start.segments, end.segments
+    for seg in sorted(begin.keys() | finish.keys()):
+        if finish.get(seg, 0) < begin.get(seg, 0):
+            reason = f"slice {record.slice_id} ends before it starts, in segment {seg}"
+            raise InvalidCut(end.text, reason)
+
+
 def record_slices(
     store: StreamStore,
     records: list[SliceRecord],
     slices_stream: str = DEFAULT_SLICES_STREAM,
 ) -> list[SliceRecord]:
-    """Append the records whose ids are new, in one transaction; return those written."""
+    """Append the records whose ids are new, in one transaction; return those written.
+    A record whose cuts are not a range of its stream is refused (`InvalidCut`) first."""
     parse_stream(slices_stream)
+    for record in records:
+        check_cuts(record)
     store.create_stream(slices_stream)
     known = {r.slice_id for r in list_slices(store, None, slices_stream)}
     new: list[SliceRecord] = []

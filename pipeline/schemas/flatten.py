@@ -12,6 +12,7 @@ with its payload, position and reason, never dropped (`DESIGN.md`)."""
 from __future__ import annotations
 
 import keyword
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -22,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import simdjson
 
-from pipeline.schemas.plan import NUMERIC, Column, FlattenPlan, describe_fields
+from pipeline.schemas.plan import FLOAT32_MAX, NUMERIC, Column, FlattenPlan, describe_fields
 
 QUARANTINE_SCHEMA = pa.schema(
     [
@@ -208,7 +209,7 @@ def _decoded_at_once(plan: FlattenPlan, payloads: Sequence[bytes]) -> _Good | No
     try:
         decoded = [plan.fast.decode(payload) for payload in payloads]
         scalars = {c.name: _scalars(c, decoded) for c in plan.columns if c.kind == "scalar"}
-    except (msgspec.DecodeError, msgspec.ValidationError, _FastPathMiss):
+    except (msgspec.DecodeError, msgspec.ValidationError, _FastPathMiss, RecursionError):
         return None
     parser = simdjson.Parser()
     buffers: dict[tuple[str, ...], list[memoryview]] = {}
@@ -246,7 +247,12 @@ def _gathered(
 
 #: The Avro types of the scalars `_read_whole` reads, as simdjson gives them (`type(value)`).
 _WHOLE = {"string": str, "boolean": bool, "int": int, "long": int, "double": float, "float": float}
-_RANGE = {"int": (_I32.min, _I32.max), "long": (-(2**63), 2**63 - 1)}
+_RANGE = {
+    "int": (_I32.min, _I32.max),
+    "long": (-(2**63), 2**63 - 1),
+    "float": (-FLOAT32_MAX, FLOAT32_MAX),
+    "double": (-float("inf"), float("inf")),
+}
 
 
 def _read_whole(plan: FlattenPlan, payloads: Sequence[bytes]) -> _Good | None:
@@ -317,14 +323,14 @@ def _scalar_at(doc: Any, column: Column) -> Any:
     """A scalar's value as msgspec decodes it, or None when only msgspec can say."""
     value = _member(doc, column.path)
     kind = type(value)
-    if kind is _WHOLE[column.avro]:
-        if kind is int:
-            low, high = _RANGE[column.avro]
-            return value if low <= value <= high else None
-        return value
     if kind is int and column.avro in ("double", "float"):
-        return float(value)  # as msgspec reads a whole number as a float (`-0` too: 0.0)
-    return None
+        value, kind = float(value), float  # as msgspec reads a whole number (`-0` too: 0.0)
+    if kind is not _WHOLE[column.avro]:
+        return None
+    if column.avro in _RANGE:
+        low, high = _RANGE[column.avro]
+        return value if low <= value <= high else None
+    return value
 
 
 def _columnar(plan: FlattenPlan) -> bool:
@@ -399,11 +405,14 @@ def _number_buffer(parser: simdjson.Parser, raw: msgspec.Raw | bytes, avro: str)
 
 def _plain(values: np.ndarray, avro: str) -> bool:
     """Whether the values fit the Avro type as JSON reads them: an Avro int in 32 bits, a
-    float finite (simdjson refuses an int64's overflow and an infinite float already)."""
+    double finite, a float finite in 32 bits (simdjson refuses an int64's overflow and an
+    infinite double already)."""
     if not values.size:
         return True
     if avro == "int":
         return bool(values.min() >= _I32.min and values.max() <= _I32.max)
+    if avro == "float":
+        return bool(values.min() >= -FLOAT32_MAX and values.max() <= FLOAT32_MAX)
     return avro == "long" or bool(np.isfinite(values).all())
 
 
@@ -413,8 +422,8 @@ def _typed(column: Column, values: np.ndarray) -> pa.Array:
 
 
 def _event(plan: FlattenPlan, payload: bytes | None) -> tuple[int, dict[str, Any]]:
-    if payload is None:
-        reason = "invalid JSON: the event has no payload"
+    if not payload:
+        reason = "invalid JSON: the event is empty"
         raise _Quarantine(reason)
     if not payload.isascii():
         try:
@@ -424,10 +433,12 @@ def _event(plan: FlattenPlan, payload: bytes | None) -> tuple[int, dict[str, Any
             raise _Quarantine(reason) from None
     try:
         return _values(plan, plan.fast.decode(payload))
-    except (msgspec.DecodeError, msgspec.ValidationError, _FastPathMiss):
+    except (msgspec.DecodeError, msgspec.ValidationError, _FastPathMiss, RecursionError):
         pass
     try:
         decoded = plan.strict.decode(payload)
+    except RecursionError:
+        return _deep(plan, payload)
     except msgspec.ValidationError as exc:
         raise _Quarantine(_validation_reason(plan, str(exc))) from None
     except msgspec.DecodeError as exc:
@@ -438,6 +449,20 @@ def _event(plan: FlattenPlan, payload: bytes | None) -> tuple[int, dict[str, Any
     except _FastPathMiss as exc:  # a bytes value out of Latin-1: a wrong type in Avro JSON
         reason = f"wrong type: {exc}"
         raise _Quarantine(reason) from None
+
+
+def _deep(plan: FlattenPlan, payload: bytes) -> tuple[int, dict[str, Any]]:
+    """An event too deep for msgspec (Python's recursion limit): what the whole-event read
+    gives (simdjson takes 1024 levels), so that its answer does not depend on the other
+    events of its batch; else quarantined."""
+    good = _read_whole(plan, [payload]) if _batchable(plan, [payload]) else None
+    if good is None:
+        limit = sys.getrecursionlimit()
+        reason = f"nested too deeply: more levels than the decoder takes (about {limit})"
+        raise _Quarantine(reason)
+    values = {name: column[0] for name, column in good.scalars.items()}
+    values |= {name: array.to_numpy() for name, array in good.samples.items()}
+    return int(good.counts[0]), values
 
 
 def _validation_reason(plan: FlattenPlan, message: str) -> str:
@@ -497,7 +522,7 @@ def _samples(column: Column, array: Any) -> Any:
     """One event's values of a sample column: a numpy array for numbers, else a list."""
     if array is None or isinstance(array, np.ndarray):
         return array
-    if column.avro in NUMERIC and not column.path:
+    if column.avro in NUMERIC and not column.path and None not in array:
         return np.array(array, dtype=_NP[column.avro])
     return [_scalar(column, _get(item, column.path)) for item in array]
 
@@ -587,7 +612,7 @@ def _sample_index(counts: np.ndarray) -> np.ndarray:
 def _sample_column(column: Column, values: list, counts: np.ndarray) -> pa.Array:
     """A sample column from each event's values (an array, a list, or None: no array)."""
     kind = column.arrow_type
-    if column.avro in NUMERIC and not column.path:
+    if column.avro in NUMERIC and not column.path and not any(isinstance(v, list) for v in values):
         dtype = _NP[column.avro]
         chunks = [
             np.zeros(int(n), dtype=dtype) if v is None else v

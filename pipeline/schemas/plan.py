@@ -10,6 +10,9 @@ rules: `DESIGN.md`."""
 from __future__ import annotations
 
 import keyword
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -48,18 +51,26 @@ _ARROW = {
 }
 _INT = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _LONG = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+#: The largest 32-bit float: an Avro float beyond it would be written as infinity.
+FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT = Annotated[float, msgspec.Meta(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
 _SIMPLE: dict[str, Any] = {
     "null": None,
     "boolean": bool,
     "int": _INT,
     "long": _LONG,
-    "float": float,
+    "float": _FLOAT,
     "double": float,
     "string": str,
     "bytes": str,  # Avro's JSON encoding: one character U+0000..U+00FF per byte
 }
 _TIME_UNITS = {"timestamp-nanos": 1, "timestamp-micros": 1_000, "timestamp-millis": 1_000_000}
 _TIME_SUFFIXES = (("nanos", 1), ("micros", 1_000), ("millis", 1_000_000))
+#: Avro's rule for a field name (also a plain identifier in Parquet, CSV, DuckDB and Spark).
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The export's hive partition columns: DuckDB's `hive_partitioning` would read their values
+#: from the directory names instead of a data column of the same name.
+PARTITIONS = ("date", "hour")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +117,7 @@ class _Walk:
     columns: list[Column] = field(default_factory=list)
     arrays: list[tuple[str, ...]] = field(default_factory=list)
     structs: dict[tuple[str, bool], type] = field(default_factory=dict)
+    building: set[str] = field(default_factory=set)  # records being walked (no recursion)
 
 
 class FlattenPlan:
@@ -197,6 +209,8 @@ def _resolve(walk: _Walk, avro: Any) -> Any:
 
 
 def _type_name(avro: Any) -> str:
+    if isinstance(avro, list):
+        return "union"
     return avro if isinstance(avro, str) else avro.get("type", "?")
 
 
@@ -243,10 +257,11 @@ def _record_type(walk: _Walk, record: dict, fast: bool) -> type:
         return walk.structs[key]
     walk.named.setdefault(record["name"], record)
     fields = []
-    for avro_field in record["fields"]:
-        name = avro_field["name"]
-        kind = _msgspec_type(walk, avro_field["type"], fast, name)
-        fields.append((_attr(name), kind, _default(walk, avro_field, kind)))
+    with _inside(walk, record):
+        for avro_field in record["fields"]:
+            name = _field_name(walk, avro_field)
+            kind = _msgspec_type(walk, avro_field["type"], fast, name)
+            fields.append((_attr(name), kind, _default(walk, avro_field, kind)))
     struct_name = record["name"].replace(".", "_") + ("_fast" if fast else "")
     try:
         struct = msgspec.defstruct(struct_name, fields, kw_only=True)
@@ -255,6 +270,29 @@ def _record_type(walk: _Walk, record: dict, fast: bool) -> type:
         raise UnsupportedSchema(walk.source, record["name"], str(exc)) from None
     walk.structs[key] = struct
     return struct
+
+
+@contextmanager
+def _inside(walk: _Walk, record: dict) -> Iterator[None]:
+    """While a record's fields are walked: a record that holds itself has no flat form."""
+    name = record["name"]
+    if name in walk.building:
+        reason = "the record holds itself (a recursive type has no flat form)"
+        raise UnsupportedSchema(walk.source, name, reason)
+    walk.building.add(name)
+    try:
+        yield
+    finally:
+        walk.building.discard(name)
+
+
+def _field_name(walk: _Walk, avro_field: dict) -> str:
+    """The field's name, checked against Avro's rule (fastavro does not check it)."""
+    name = avro_field["name"]
+    if not _AVRO_NAME.fullmatch(name):
+        reason = "not an Avro name: a letter or _, then letters, digits and _ only"
+        raise UnsupportedSchema(walk.source, name, reason)
+    return name
 
 
 def _attr(name: str) -> str:
@@ -311,19 +349,22 @@ def _columns(
         return
     kind = _type_name(avro)
     if kind == "record":
-        for avro_field in avro["fields"]:
-            name = avro_field["name"]
-            sub = (*path, _attr(name))
-            _columns(
-                walk,
-                avro_field["type"],
-                prefix=(*prefix, name),
-                path=sub,
-                array=array,
-                nullable=nullable,
-                doc=avro_field.get("doc") or doc,
-            )
+        with _inside(walk, avro):
+            for avro_field in avro["fields"]:
+                name = avro_field["name"]
+                sub = (*path, _attr(name))
+                _columns(
+                    walk,
+                    avro_field["type"],
+                    prefix=(*prefix, name),
+                    path=sub,
+                    array=array,
+                    nullable=nullable,
+                    doc=avro_field.get("doc") or doc,
+                )
         return
+    if kind == "null":
+        raise UnsupportedSchema(walk.source, where, "a field of type null holds no value")
     if kind == "array":
         if array is not None:
             reason = "an array inside a parallel array has no flat form"
@@ -349,15 +390,21 @@ def _columns(
 
 
 def _check_names(source: str, columns: tuple[Column, ...]) -> None:
+    """Column names must differ, case aside (DuckDB and Spark ignore case), and be neither a
+    lineage column nor a partition column."""
     seen: set[str] = set()
-    reserved = {name for name, _ in LINEAGE}
+    lineage = {name for name, _ in LINEAGE}
     for column in columns:
-        if column.name in seen:
-            reason = "two fields flatten to this column name; rename one"
+        folded = column.name.lower()
+        if folded in seen:
+            reason = "two fields flatten to this column name (case aside); rename one"
             raise UnsupportedSchema(source, column.name, reason)
-        if column.name in reserved:
+        if folded in lineage:
             raise UnsupportedSchema(source, column.name, "the name is a lineage column")
-        seen.add(column.name)
+        if folded in PARTITIONS:
+            reason = "the name is a partition column of the export (date=…/hour=…); rename it"
+            raise UnsupportedSchema(source, column.name, reason)
+        seen.add(folded)
 
 
 def _time_column(

@@ -34,7 +34,7 @@ from pipeline.jobs.runner import (
     sluice_run,
 )
 from pipeline.outputs import check_writable
-from pipeline.schemas import flatten_plan
+from pipeline.schemas import FlattenPlan, flatten_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -119,6 +119,64 @@ class ExportRecord:
         return cls(**{**{k: data[k] for k in names}, "formats": tuple(data["formats"])})
 
 
+class SchemaChanged(SluiceError, ValueError):
+    """The schema gives a column another type than the output's earlier files have."""
+
+    def __init__(self, output: Path, column: str, was: str, now: str, schema: str) -> None:
+        self.output, self.column, self.was, self.now = str(output), column, was, now
+        msg = (
+            f"export to {output}: schema {schema} makes column {column!r} {now}, but the "
+            f"files already there hold it as {was}; a query over both would fail. Export to "
+            "a new output directory, or give the changed field a new name"
+        )
+        super().__init__(msg)
+
+
+#: Type changes a reader of the Parquet files (DuckDB's `union_by_name`) widens without
+#: loss: Avro's promotions of numbers. Any other change of a column's type is refused.
+_WIDENS = {
+    ("int32", "int64"),
+    ("int32", "float"),
+    ("int32", "double"),
+    ("int64", "float"),
+    ("int64", "double"),
+    ("float", "double"),
+}
+
+
+def check_schema_fits(plan: FlattenPlan, output: Path) -> None:
+    """Refuse (`SchemaChanged`) a plan that gives a column of the output's published Parquet
+    files another type, unless it only widens a number: a new or a removed field is fine,
+    the views read all the files by column name.
+
+    Every run is checked this way, so the types a column has had in the output are a chain
+    of widenings, and the newest file that holds a column holds its widest type: the files
+    are read newest first, until every planned column is found (one file, usually; all of
+    them only on the first run after a field is added)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    planned = {f.name: str(f.type) for f in plan.arrow_schema}
+    files = sorted(output.glob("parquet/date=*/hour=*/*.parquet"), key=_written, reverse=True)
+    for path in files:
+        if not planned:
+            return
+        for field in pq.read_schema(path):
+            if (now := planned.pop(field.name, None)) is None:
+                continue
+            kind = field.type
+            was = str(kind.value_type if pa.types.is_dictionary(kind) else kind)
+            if was != now and (was, now) not in _WIDENS:
+                raise SchemaChanged(output, field.name, was, now, plan.schema.source)
+
+
+def _written(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
 def export_registry(home: Path | None = None) -> Path:
     return (home or sluice_home()) / "registry" / "exports"
 
@@ -154,6 +212,7 @@ def export(
     plan = flatten_plan(spec.schema, spec.time_field)  # a bad schema fails here, before Spark
     output = spec.output.absolute()
     check_writable(output)
+    check_schema_fits(plan, output)
     identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
     root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
 

@@ -77,6 +77,13 @@ class OptionsReader:
             self.fail(key, "must be a non-empty text")
         return value.strip()
 
+    def character(self, key: str, default: str) -> str:
+        """One character, taken as it is (a tab or a space is a character, not blank)."""
+        value = self._get(key, default)
+        if not isinstance(value, str) or len(value) != 1:
+            self.fail(key, "must be one character")
+        return value
+
     def secret(self, key: str, default: Any = _MISSING) -> str:
         """A text that is never shown: a wrong value is reported by its key and type only."""
         value = self._get(key, default)

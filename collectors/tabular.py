@@ -12,14 +12,24 @@ in strict mode, Parquet by pyarrow.
 from __future__ import annotations
 
 import base64
+import codecs
 import csv
 import datetime as dt
 import decimal
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from collectors.batch import encode_json
+from pipeline.streams import MAX_EVENT_SIZE
+
+#: What a CSV field must look like to become a number: ASCII digits, an optional sign,
+#: fraction and exponent, spaces around (`int`/`float` alone also take `1_000` and `١٢`).
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+_DECIMAL = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*", re.ASCII)
 
 TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "iso": 0}
 
@@ -37,9 +47,13 @@ class TableFormat:
 
 
 def validate(path: Path, fmt: TableFormat) -> None:
-    """Read the whole file; raise `BadFile` with the reason if any part is unusable."""
-    for _ in rows(path, fmt, 0):
-        pass
+    """Read the whole file; raise `BadFile` with the reason if any part is unusable (a row
+    too large for one event included)."""
+    for index, (row, _) in enumerate(rows(path, fmt, 0)):
+        size = len(encode_json([row]))
+        if size > MAX_EVENT_SIZE:
+            msg = f"row {index + 1} is {size} bytes as JSON, over the event limit {MAX_EVENT_SIZE}"
+            raise BadFile(msg)
 
 
 def rows(path: Path, fmt: TableFormat, start: int) -> Iterator[tuple[dict, int | None]]:
@@ -52,8 +66,9 @@ def rows(path: Path, fmt: TableFormat, start: int) -> Iterator[tuple[dict, int |
 
 
 def _csv_rows(path: Path, fmt: TableFormat) -> Iterator[dict]:
-    with path.open(newline="", encoding="utf-8", errors="strict") as fh:
-        reader = csv.reader(fh, delimiter=fmt.delimiter, strict=True)
+    # utf-8-sig: a byte order mark (Excel's "CSV UTF-8") is not part of the first column's name
+    with path.open(newline="", encoding="utf-8-sig", errors="strict") as fh:
+        reader = csv.reader(_lines(fh), delimiter=fmt.delimiter, strict=True)
         try:
             header = _header(next(reader, []), fmt)
             for fields in reader:
@@ -73,8 +88,35 @@ def _csv_rows(path: Path, fmt: TableFormat) -> Iterator[dict]:
             msg = f"line {reader.line_num}: {exc}"
             raise BadFile(msg) from None
         except UnicodeDecodeError as exc:
-            msg = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
-            raise BadFile(msg) from None
+            raise BadFile(_not_utf8(path, exc.reason)) from None
+
+
+def _lines(fh: Any) -> Iterator[str]:
+    """The file's lines, refusing one that could not fit in an event before it is all in
+    memory (a file without line ends would otherwise be read whole)."""
+    for number, line in enumerate(iter(lambda: fh.readline(MAX_EVENT_SIZE), ""), 1):
+        if len(line) == MAX_EVENT_SIZE and not line.endswith(("\n", "\r")):
+            msg = f"line {number} is longer than {MAX_EVENT_SIZE} characters (the event limit)"
+            raise BadFile(msg)
+        yield line
+
+
+def _not_utf8(path: Path, reason: str) -> str:
+    """Where the first byte that is not UTF-8 is (the decoder's own offset is within a
+    chunk)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = line = 0
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 16), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                at = offset + exc.start
+                line += chunk[: exc.start].count(b"\n")
+                return f"not UTF-8 text ({reason} at byte {at}, line {line + 1})"
+            offset += len(chunk)
+            line += chunk.count(b"\n")
+    return f"not UTF-8 text ({reason})"
 
 
 def _header(fields: list[str], fmt: TableFormat) -> list[str]:
@@ -94,14 +136,14 @@ def _header(fields: list[str], fmt: TableFormat) -> list[str]:
 
 
 def _convert(text: str) -> Any:
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        number = float(text)
-    except ValueError:
+    if _INTEGER.fullmatch(text):
+        try:
+            return int(text)
+        except ValueError:  # over Python's 4300 digits
+            return text
+    if not _DECIMAL.fullmatch(text):
         return text
+    number = float(text)
     return number if math.isfinite(number) else text
 
 

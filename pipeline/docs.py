@@ -327,7 +327,7 @@ class _Read:
     choices: tuple[str, ...] = ()
 
 
-_READERS = ("text", "secret", "integer", "number", "flag", "choice", "texts", "path")
+_READERS = ("text", "secret", "character", "integer", "number", "flag", "choice", "texts", "path")
 
 
 @contextlib.contextmanager
@@ -379,6 +379,7 @@ def _recording(reads: dict[tuple[str, str], _Read]) -> Iterator[None]:
 _PLACEHOLDERS = {
     "text": "x",
     "secret": "x",
+    "character": ",",
     "integer": 1,
     "number": 1.0,
     "flag": False,

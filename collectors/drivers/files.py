@@ -33,6 +33,7 @@ from collectors.drivers.base import (
 )
 from collectors.errors import DriverError
 from collectors.tabular import TIME_UNITS, BadFile, TableFormat, rows, validate
+from pipeline.streams import MAX_EVENT_SIZE
 from pipeline.wording import counted
 
 EVENTS_PER_COMMIT = 100
@@ -92,23 +93,40 @@ def parse_options(r: OptionsReader) -> Options:
         kind=kind,
         time_column=time_column,
         time_unit=r.choice("time_unit", tuple(TIME_UNITS), "ns"),
-        delimiter=r.text("delimiter", ","),
+        delimiter=r.character("delimiter", ","),
     )
-    if len(table.delimiter) != 1:
-        r.fail("delimiter", "must be one character")
+    if table.delimiter in '"\r\n':
+        r.fail("delimiter", "must be one character other than a quote or a line end")
     if r.has("when_full") and r.text("when_full") == "shed":
         r.fail("when_full", "cannot be shed for files", "files wait on disk: use block")
     extension = r.text("extension", kind).lstrip(".")
-    return Options(
-        directories=tuple(Path(d).expanduser() for d in r.texts("directories")),
+    directories = r.texts("directories")
+    if not all(directories):
+        r.fail("directories", "has an empty entry", "list the directories files are dropped into")
+    options = Options(
+        directories=tuple(dict.fromkeys(Path(d).expanduser().absolute() for d in directories)),
         table=table,
         extension=extension or kind,
         settle_ms=r.integer("settle_ms", 5000, minimum=0),
         scan_interval_ms=r.integer("scan_interval_ms", 1000, minimum=10),
         delete_completed=r.flag("delete_completed", False),
-        completed_dir=r.path("completed_dir", None) if r.has("completed_dir") else None,
-        failed_dir=r.path("failed_dir", None) if r.has("failed_dir") else None,
+        completed_dir=_folder(r, "completed_dir"),
+        failed_dir=_folder(r, "failed_dir"),
     )
+    if options.delete_completed and options.completed_dir is not None:
+        r.fail("completed_dir", "is set with delete_completed = true", "set only one of them")
+    return options
+
+
+def _folder(r: OptionsReader, key: str) -> Path | None:
+    """`completed_dir` or `failed_dir`: absolute, and not one of the watched directories."""
+    if not r.has(key):
+        return None
+    folder = r.path(key).absolute()
+    watched = {Path(d).expanduser().absolute() for d in r.texts("directories")}
+    if folder in watched:
+        r.fail(key, "is one of the directories", "use a folder that is not watched")
+    return folder
 
 
 def create(settings: DriverSettings) -> FilesDriver:
@@ -122,8 +140,15 @@ def create(settings: DriverSettings) -> FilesDriver:
             problem = f"directories entry {directory} is not a directory"
         else:
             problem = f"directory {directory} does not exist"
+            if any(c in str(directory) for c in "*?["):
+                problem += " (patterns are not expanded: list each directory)"
         problem += " (set directories / FILE_SPEC to directories the files are dropped into)"
         raise DriverError(settings.name, "files", problem)
+    for key in ("completed_dir", "failed_dir"):
+        folder = getattr(options, key)
+        if folder is not None and folder.exists() and not folder.is_dir():
+            problem = f"{key} {folder} exists and is not a directory"
+            raise DriverError(settings.name, "files", problem)
     return FilesDriver(settings)
 
 
@@ -135,6 +160,8 @@ class FilesDriver:
         self.options: Options = settings.options
         default_failed = settings.buffer_file.parent / f"{settings.name}.failed"
         self.failed_dir = self.options.failed_dir or default_failed
+        # path -> (size, mtime, inode) and the monotonic time it was first seen so
+        self._seen: dict[str, tuple[tuple[int, int, int], float]] = {}
 
     def run(self, ctx: DriverContext) -> None:
         ctx.buffer.write(_create_table)
@@ -148,7 +175,10 @@ class FilesDriver:
 
     # --- finding files ----------------------------------------------------------------
     def _candidates(self) -> list[Path]:
-        settled_before = time.time_ns() - self.options.settle_ms * 1_000_000
+        """Wanted files that have settled: their size, mtime and inode unchanged for
+        `settle_ms` on the monotonic clock (the wall clock may step; mtimes may lie)."""
+        now = time.monotonic()
+        seen: dict[str, tuple[tuple[int, int, int], float]] = {}
         found = []
         for directory in self.options.directories:
             try:
@@ -156,21 +186,28 @@ class FilesDriver:
             except OSError:
                 continue  # the directory went away: nothing to take from it now
             for entry in entries:
-                if self._wanted(entry, settled_before):
+                st = self._wanted(entry)
+                if st is None:
+                    continue
+                key = (st.st_size, st.st_mtime_ns, st.st_ino)
+                before = self._seen.get(entry.path)
+                seen[entry.path] = before if before and before[0] == key else (key, now)
+                if now - seen[entry.path][1] >= self.options.settle_ms / 1000.0:
                     found.append(Path(entry.path))
+        self._seen = seen
         return sorted(found, key=lambda p: (p.name, str(p)))
 
-    def _wanted(self, entry: os.DirEntry, settled_before: int) -> bool:
+    def _wanted(self, entry: os.DirEntry) -> os.stat_result | None:
         name = entry.name
         if name.startswith(".") or name.endswith(_IN_PROGRESS_SUFFIXES):
-            return False
+            return None
         if not name.endswith("." + self.options.extension):
-            return False
+            return None
         try:
             st = entry.stat()
         except OSError:
-            return False
-        return entry.is_file() and st.st_mtime_ns <= settled_before
+            return None
+        return st if entry.is_file() else None
 
     # --- one file ---------------------------------------------------------------------
     def _process(self, ctx: DriverContext, path: Path) -> None:
@@ -192,9 +229,13 @@ class FilesDriver:
                 return  # written to while we read it: take it when it has settled
             self._ingest(ctx, path, st, record)
         except BadFile as exc:
-            self._fail(ctx, path, str(exc), record)
+            if _unchanged_stat(path, st):
+                self._fail(ctx, path, str(exc), record)
+            # else written to while we read it: judged again when it has settled
         except FileNotFoundError:
             self._vanished(ctx, path)
+        except OSError as exc:  # unreadable (permissions, I/O): the other files go on
+            ctx.error("file", f"cannot read {path}: {exc}; tried again at the next scan")
 
     def _taken_again(self, ctx: DriverContext, st: os.stat_result, record: FileRecord) -> bool:
         """For a file done before: True if it grew by rows to take; else it is completed
@@ -280,14 +321,22 @@ class FilesDriver:
             batch.append(row)
             times.append(st.st_mtime_ns if time_ns is None else time_ns)
             if len(batch) >= per_event:
-                yield self._event(batch, times)
+                yield from self._event(batch, times)
                 batch, times = [], []
         if batch:
-            yield self._event(batch, times)
+            yield from self._event(batch, times)
 
-    def _event(self, batch: list[dict], times: list[int]) -> PendingEvent:
+    def _event(self, batch: list[dict], times: list[int]) -> Iterator[PendingEvent]:
+        """The rows as one event, or halved until each part fits the store's event limit
+        (`tabular.validate` refused any single row that cannot fit)."""
         payload = encode_json(batch)
-        return PendingEvent(payload, self.settings.routing_key, min(times), max(times), len(batch))
+        if len(payload) > MAX_EVENT_SIZE and len(batch) > 1:
+            half = len(batch) // 2
+            yield from self._event(batch[:half], times[:half])
+            yield from self._event(batch[half:], times[half:])
+            return
+        key = self.settings.routing_key
+        yield PendingEvent(payload, key, min(times), max(times), len(batch))
 
     def _commit(
         self, ctx: DriverContext, events: list[PendingEvent], state: FileRecord, done: bool

@@ -164,6 +164,8 @@ def test_a_file_that_disappears_before_it_is_read_is_skipped(make_config, dirs, 
     driver = create_driver(inst)
     ctx = InstanceContext(inst, Buffer(inst.buffer_file, 100), threading.Event(), Failpoints())
     ctx.buffer.write(lambda c: c.execute(_files_schema()))
+    assert driver._candidates() == []  # first seen now: settled once unchanged for settle_ms
+    time.sleep(0.4)
     listed = driver._candidates()
     assert listed == [gone]
     gone.unlink()  # deleted between the listing and the read

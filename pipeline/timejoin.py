@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from pipeline.outputs import check_writable, refusal
 
 Side = Literal["left", "right"]
 STATE_VERSION = 1
+NS = 1_000_000_000
 #: What running `join_files` again does after its disk refused the output (`OutputNotWritable`)
 RERUN = "the output file is written whole or not at all"
 
@@ -214,9 +216,57 @@ def _times_of(table: pa.Table, time_column: str, name: str) -> np.ndarray:
         raise JoinInputError(name, reason)
     kind = column.type
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_timestamp(kind)):
-        reason = f"column {time_column!r} is {kind}, not a number of seconds"
+        reason = f"column {time_column!r} is {kind}, not a number of seconds nor a timestamp"
         raise JoinInputError(name, reason)
+    if pa.types.is_timestamp(kind) and kind.unit != "ns":
+        try:  # one unit for both series: a timestamp's number is then nanoseconds
+            column = column.cast(pa.timestamp("ns", kind.tz))
+        except pa.ArrowInvalid:
+            reason = f"its {time_column!r} has times outside the years 1677-2262 (nanoseconds)"
+            raise JoinInputError(name, reason) from None
     return _numbers(column)
+
+
+def _time_kind(kind: pa.DataType) -> str | None:
+    """What a time column holds: plain numbers, instants (a timestamp with a time zone) or
+    wall-clock times (one without); None for the null column of a CSV with no rows."""
+    if pa.types.is_null(kind):
+        return None
+    if pa.types.is_timestamp(kind):
+        return (
+            "timestamps without a time zone" if kind.tz is None else "timestamps with a time zone"
+        )
+    return "numbers"
+
+
+def _check_kinds(time_column: str, types: dict[str, pa.DataType]) -> str | None:
+    """The one kind of the times of the series `types` (by name), or a `JoinInputError`:
+    numbers and timestamps, or timestamps with and without a time zone, do not compare."""
+    kinds = {name: _time_kind(kind) for name, kind in types.items()}
+    known = {kind for kind in kinds.values() if kind is not None}
+    if len(known) > 1:
+        each = ", ".join(f"{types[name]} in the {name} series" for name in types)
+        reason = (
+            f"their {time_column!r} times are not of one kind ({each}): give both series "
+            "numbers, or both timestamps, both with a time zone or both without"
+        )
+        both = "the two series"
+        raise JoinInputError(both, reason)
+    return known.pop() if known else None
+
+
+def gap_in_units(max_gap: float | None, per_second: float) -> float | None:
+    """`max_gap` seconds in a unit `per_second` of which make a second; a gap too large for a
+    float in that unit is the largest float (no pair is that far apart), not infinity."""
+    if max_gap is None:
+        return None
+    return min(max_gap * per_second, sys.float_info.max)
+
+
+def _gap_in_units(kind: str | None, max_gap: float | None) -> float | None:
+    """`max_gap` seconds in the times' unit: nanoseconds for timestamps (`_times_of`), the
+    numbers' own unit otherwise."""
+    return gap_in_units(max_gap, 1 if kind in (None, "numbers") else NS)
 
 
 def _numbers(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -273,11 +323,14 @@ def join_tables(
     The tables need not be sorted (they are sorted stably by time first). Pure function of
     its inputs: the same tables give the same rows in the same order, every time.
     """
+    check_max_gap(max_gap)
     lt = _times_of(left, time_column, "the left series")
     rt = _times_of(right, time_column, "the right series")
+    types = {"left": left[time_column].type, "right": right[time_column].type}
+    kind = _check_kinds(time_column, types)
     left, lt = _sorted_by_time(left, lt)
     right, rt = _sorted_by_time(right, rt)
-    pairs = join_indices(lt, rt, max_gap)
+    pairs = join_indices(lt, rt, _gap_in_units(kind, max_gap))
     return JoinResult(
         table=_pair_table(left, right, pairs.left, pairs.right),
         pairs=len(pairs),
@@ -326,6 +379,7 @@ class StreamingJoin:
     def push(self, side: Side, batch: pa.Table) -> pa.Table | None:
         """Add a batch of one series; return the rows that became final (None if none yet)."""
         times = _times_of(batch, self.time_column, f"the {side} series")
+        self._kind({f"new {side}": batch[self.time_column].type})
         if len(times) == 0:
             return self._emit()
         first_back = np.flatnonzero(times[1:] < times[:-1])
@@ -344,6 +398,11 @@ class StreamingJoin:
         self._ended[side] = True
         return self._emit()
 
+    def _kind(self, batch: dict[str, pa.DataType] | None = None) -> str | None:
+        """The one kind of the buffered series' times and of a new `batch`'s (by name)."""
+        types = {s: t[self.time_column].type for s, t in self._tables.items() if t is not None}
+        return _check_kinds(self.time_column, {**types, **(batch or {})})
+
     def _horizon(self) -> float:
         return min(np.inf if self._ended[s] else self._latest[s] for s in ("left", "right"))
 
@@ -352,7 +411,8 @@ class StreamingJoin:
         if left is None or right is None:
             return None
         horizon = self._horizon()
-        pairs = join_indices(self._times["left"], self._times["right"], self.max_gap)
+        gap = _gap_in_units(self._kind(), self.max_gap)
+        pairs = join_indices(self._times["left"], self._times["right"], gap)
         band = (pairs.completion >= self._emitted_below) & (pairs.completion < horizon)
         rows = _pair_table(left, right, pairs.left[band], pairs.right[band])
         self._emitted_below = max(self._emitted_below, horizon)

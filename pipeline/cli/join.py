@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "join",
         help="time-series join of two files: each record with its nearest predecessor and "
         "successor in the other series",
-        description="Join LEFT and RIGHT (Parquet or CSV files with a time column in seconds): "
+        description="Join LEFT and RIGHT (Parquet or CSV files with a time column: timestamps, "
+        "or numbers in one unit): "
         "each record of either series is paired with the latest record at or before its time "
         "and the earliest at or after it in the other series; each pair once, in an order "
         "that does not depend on how the files were written. See pipeline/timejoin.py.",
@@ -30,13 +31,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="output Parquet file (relative to the working directory, as the inputs are; "
         "never one of the inputs)",
     )
-    p.add_argument("--time-column", default="time", help="time column of both files (seconds)")
+    p.add_argument("--time-column", default="time", help="time column of both files")
     p.add_argument(
         "--max-gap",
         type=float,
         default=None,
         metavar="SECONDS",
-        help="drop pairs whose times are more than this apart (a finite number, zero or more)",
+        help="drop pairs whose times are more than this apart (a finite number, zero or more; "
+        "seconds for timestamps, the column's own unit for numbers)",
     )
     p.set_defaults(func=_run_join)
 

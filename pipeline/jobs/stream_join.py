@@ -6,12 +6,15 @@
 Each side is a stream, optionally one routing key of it, flattened through an Avro schema and
 fed batch by batch to a `StreamingJoin` (`pipeline/timejoin.py`). Delivery: **exactly-once
 pairs** (batch N writes `part-<N>.parquet`, then saves the joiner's state under N). Order
-requirements and what is final when: `DESIGN.md`, "the streaming join"."""
+requirements and what is final when: `DESIGN.md`, "the streaming join". A checkpoint keeps
+the schema, time column and max gap its pairs were made with (`JoinParameters`): a run with
+others is refused, never mixed into the same output."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import durable
+from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
 from pipeline.jobs.runner import (
     SERVICE,
@@ -34,7 +38,14 @@ from pipeline.jobs.runner import (
     sluice_run,
 )
 from pipeline.outputs import check_writable, refused_writes
-from pipeline.timejoin import InvalidMaxGap, JoinInputError, Side, StreamingJoin, check_max_gap
+from pipeline.timejoin import (
+    InvalidMaxGap,
+    JoinInputError,
+    Side,
+    StreamingJoin,
+    check_max_gap,
+    gap_in_units,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -46,6 +57,7 @@ NS = 1_000_000_000
 TIME_COLUMN = "TimestampNanos"
 #: What running the join again does after its disk refused a write (`OutputNotWritable`)
 RERUN = "the join is exactly-once, so its next run re-runs the batch and writes its pairs once"
+PARAMETERS_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +110,60 @@ class StreamJoinSpec:
         return sluice_run(self.store, "join", flags, run)
 
 
+@dataclass(frozen=True, slots=True)
+class JoinParameters:
+    """What a checkpoint's pairs were joined with (`<checkpoint>/join/parameters.json`)."""
+
+    schema: str
+    time_column: str
+    max_gap_seconds: float | None
+    version: int = PARAMETERS_VERSION
+
+    @classmethod
+    def of(cls, spec: StreamJoinSpec) -> JoinParameters:
+        return cls(spec.schema, spec.time_column, spec.max_gap_seconds)
+
+    def describe(self) -> str:
+        gap = "none" if self.max_gap_seconds is None else flag_number(self.max_gap_seconds)
+        return f"schema {self.schema}, time column {self.time_column!r}, max gap {gap}"
+
+
+class JoinParametersChanged(SluiceError, ValueError):
+    """A run of the join on a checkpoint whose state and pairs were made with other parameters."""
+
+    def __init__(self, root: Path, recorded: str, wanted: str) -> None:
+        self.root, self.recorded, self.wanted = root, recorded, wanted
+        msg = (
+            f"join checkpoint {root} was made with {recorded}, not {wanted}: its buffered "
+            "records and the pairs already written used those; run again with them, or give "
+            "a new --checkpoint and --output to join with the new ones"
+        )
+        super().__init__(msg)
+
+
+def check_parameters(root: Path, spec: StreamJoinSpec, gap: float | None) -> None:
+    """Refuse to continue the join state under `root` with other parameters than it was made
+    with (`gap`: the max gap in time units, as a state from before `parameters.json` has it)."""
+    wanted = JoinParameters.of(spec)
+    path = root / "parameters.json"
+    if path.exists():
+        recorded = JoinParameters(**json.loads(path.read_text()))
+        if recorded != wanted:
+            raise JoinParametersChanged(root.parent, recorded.describe(), wanted.describe())
+        return
+    states = sorted(root.glob("state-*/join.json"))
+    if states:
+        state = json.loads(states[-1].read_text())
+        if (state["time_column"], state["max_gap"]) != (spec.time_column, gap):
+            recorded = f"time column {state['time_column']!r}, max gap {state['max_gap']!r}"
+            wanted_units = f"time column {spec.time_column!r}, max gap {gap!r}"
+            raise JoinParametersChanged(root.parent, recorded, wanted_units)
+
+
 def _gap_in_units(plan: FlattenPlan, spec: StreamJoinSpec) -> float | None:
     """`--max-gap` seconds in the time column's unit (ns for `*Nanos`, else seconds)."""
-    if spec.max_gap_seconds is None:
-        return None
     if plan.time is not None and plan.time.name == spec.time_column:
-        return spec.max_gap_seconds * NS / plan.time.ns_per_unit
+        return gap_in_units(spec.max_gap_seconds, NS / plan.time.ns_per_unit)
     return spec.max_gap_seconds
 
 
@@ -138,6 +198,7 @@ def process_batch(
         return rows.num_rows
 
     gap = _gap_in_units(plan, spec)
+    check_parameters(root, spec, gap)
     states = BatchStates(
         root,
         fresh=lambda: StreamingJoin(spec.time_column, gap),
@@ -145,7 +206,10 @@ def process_batch(
         save=lambda joiner, path: joiner.save(path),
     )
     # A batch done before a crash has its part file published already.
-    return states.run(batch_id, step) or 0
+    done = states.run(batch_id, step) or 0
+    if not (root / "parameters.json").exists():
+        durable.write_json(root / "parameters.json", asdict(JoinParameters.of(spec)))
+    return done
 
 
 def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
@@ -207,6 +271,7 @@ def join_streams(
         return events.writeStream.foreachBatch(process).queryName(f"join {sources}")
 
     with Checkpoint(root, identity) as checkpoint:
+        check_parameters(checkpoint.root / "join", spec, _gap_in_units(plan, spec))
         streams = dict.fromkeys([spec.left.stream, spec.right.stream])
         inputs = [JobSource(spec.store, stream) for stream in streams]
         batches = run_query(spark, checkpoint, *inputs, run=run, sink=sink, report=report)

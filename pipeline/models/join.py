@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.timejoin import join_tables
+from pipeline.timejoin import JoinInputError, gap_in_units, join_tables
 
 NS = 1_000_000_000
 
@@ -28,11 +28,14 @@ def join(
 ) -> tuple[pd.DataFrame, dict]:
     """Pairs as rows with `left_*` and `right_*` columns; counts as metrics."""
     table = pa.Table.from_pandas(frame, preserve_index=False)
+    names = table.column_names
+    if split_column not in names:
+        reason = f"it has no column {split_column!r} to split (columns: {', '.join(names)})"
+        source = "the slice"
+        raise JoinInputError(source, reason)
     series = [table.filter(pc.equal(table[split_column], v)) for v in (left, right)]
-    gap = None
-    if max_gap_seconds is not None:
-        is_int = pa.types.is_integer(table.schema.field(time_column).type)
-        gap = max_gap_seconds * NS if is_int else max_gap_seconds
+    is_int = time_column in names and pa.types.is_integer(table[time_column].type)
+    gap = gap_in_units(max_gap_seconds, NS if is_int else 1)  # a timestamp: in seconds
     result = join_tables(series[0], series[1], time_column=time_column, max_gap=gap)
     metrics = {"left": left, "right": right, **result.as_dict()}
     return result.table.to_pandas(), metrics

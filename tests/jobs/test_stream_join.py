@@ -86,6 +86,14 @@ def test_a_side_going_back_in_time_stops_the_job(store, store_dir, tmp_path):
         process_batch(spec, PLAN, tmp_path / "state", 1, left.slice(0, 1))
 
 
+def join_argv(store_dir, out, max_events: int) -> list[str]:
+    """`sluice run join` of the two series `two_series` writes, into `out`."""
+    store = f"embedded:{store_dir}"
+    sides = ["--left", f"{STREAM}#edge1", "--right", f"{STREAM}#edge2"]
+    rest = ["--schema", "NetworkSamples", "--output", str(out), "--available-now"]
+    return ["--store", store, "run", "join", *sides, *rest, "--max-events", str(max_events)]
+
+
 @pytest.mark.spark
 def test_sluice_run_join(store, store_dir, tmp_path, monkeypatch, capsys):
     from pipeline.spark.session import SparkSettings, spark_session
@@ -93,23 +101,7 @@ def test_sluice_run_join(store, store_dir, tmp_path, monkeypatch, capsys):
     spark_session(SparkSettings(master="local[2]"))
     two_series(store)
     out = tmp_path / "joined"
-    argv = [
-        "--store",
-        f"embedded:{store_dir}",
-        "run",
-        "join",
-        "--left",
-        f"{STREAM}#edge1",
-        "--right",
-        f"{STREAM}#edge2",
-        "--schema",
-        "NetworkSamples",
-        "--output",
-        str(out),
-        "--available-now",
-        "--max-events",
-        "4",
-    ]
+    argv = join_argv(store_dir, out, 4)
     assert cli.main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["events"] == 12 and summary["batches"] >= 3

@@ -1,0 +1,88 @@
+"""`sluice run join` at its edges: a checkpoint run again with other join parameters, and a
+max gap too large for the time column's unit."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from pipeline import cli
+from pipeline.jobs.stream_join import JoinParametersChanged, process_batch
+from tests.jobs.test_bookmark import events_table
+from tests.jobs.test_stream_join import (
+    PLAN,
+    expected_final,
+    join_argv,
+    parts,
+    spec_for,
+    two_series,
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"max_gap_seconds": 0.0001}, "max gap none, not schema NetworkSamples, time column "),
+        ({"time_column": "RxBytes"}, "time column 'TimestampNanos', max gap none, not "),
+    ],
+    ids=["max-gap", "time-column"],
+)
+def test_a_batch_with_other_parameters_on_a_join_state_is_refused(
+    store, store_dir, tmp_path, change, said
+):
+    two_series(store)
+    spec = spec_for(store_dir, tmp_path / "out")
+    events = events_table(store)
+    process_batch(spec, PLAN, tmp_path / "cp" / "join", 0, events.slice(0, 6))
+    written = sorted(p.name for p in spec.output.glob("part-*"))
+    other = dataclasses.replace(spec, **change)
+    with pytest.raises(JoinParametersChanged, match=re.escape(said)):
+        process_batch(other, PLAN, tmp_path / "cp" / "join", 1, events.slice(6))
+    assert sorted(p.name for p in spec.output.glob("part-*")) == written
+    # The same parameters go on where the state stopped.
+    process_batch(spec, PLAN, tmp_path / "cp" / "join", 1, events.slice(6))
+    assert parts(spec.output).equals(expected_final(store, spec))
+
+
+def test_a_join_state_from_before_parameters_were_recorded_is_checked_too(
+    store, store_dir, tmp_path
+):
+    two_series(store)
+    spec = spec_for(store_dir, tmp_path / "out")
+    events = events_table(store)
+    process_batch(spec, PLAN, tmp_path / "cp" / "join", 0, events.slice(0, 6))
+    (tmp_path / "cp" / "join" / "parameters.json").unlink()
+    other = dataclasses.replace(spec, max_gap_seconds=0.5)
+    with pytest.raises(JoinParametersChanged, match=re.escape("max gap None, not time column")):
+        process_batch(other, PLAN, tmp_path / "cp" / "join", 1, events.slice(6))
+
+
+def test_a_huge_max_gap_joins_everything_nearest(store, store_dir, tmp_path):
+    """1e300 s is a finite gap (accepted up front); in nanoseconds it must not overflow to an
+    infinite one that the joiner refuses in the middle of a batch."""
+    two_series(store)
+    spec = dataclasses.replace(spec_for(store_dir, tmp_path / "out"), max_gap_seconds=1e300)
+    process_batch(spec, PLAN, tmp_path / "state", 0, events_table(store))
+    assert parts(spec.output).equals(expected_final(store, spec))
+
+
+@pytest.mark.spark
+def test_sluice_run_join_refuses_other_parameters_on_its_checkpoint(
+    spark, store, store_dir, tmp_path, capsys
+):
+    two_series(store)
+    out = tmp_path / "joined"
+    argv = join_argv(store_dir, out, 6)
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.glob("part-*")}
+    assert cli.main([*argv, "--max-gap", "0.001"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "max gap none, not schema NetworkSamples, time column 'TimestampNanos', max gap 0.001"
+        in (err)
+    )
+    assert "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.glob("part-*")} == before

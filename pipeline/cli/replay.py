@@ -85,6 +85,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     from pipeline.jobs.replay import (
         ModelError,
         ReplayError,
+        check_readable,
         compare,
         load_model,
         output_directory,
@@ -112,6 +113,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         record = find_slice(store, slice_id, args.slices_stream)
         plan = flatten_plan(_schema_for(record.stream, args.schema))
         output = args.output if not comparing else None
+        check_readable(store, record)  # a truncated slice: refused before Spark starts
         for model in models:  # a file in the way, a full disk: refused before Spark starts
             output_directory(record, model, sluice_home(), output)
         task.stage("starting Spark")

@@ -16,7 +16,8 @@ crash does: the next run finds it (`checkpoint.planned_batch`) and re-runs it ov
 its offset log entry — here when it is small, else in Spark — and the sink's ledger or the
 job's batch states make the re-run publish once. A failure here also hands the batch to
 Spark in the same run, but for an output that refused a write (`OutputNotWritable`: a full
-disk), which stops the run: Spark would fail the same way, after starting. `DESIGN.md`,
+disk) and a store error that a re-run meets again (`is_retryable`: a truncation, damage),
+which stop the run: Spark would fail the same way, after starting. `DESIGN.md`,
 "Small backlogs without Spark".
 """
 
@@ -33,7 +34,13 @@ from typing import TYPE_CHECKING
 
 from pipeline import durable
 from pipeline.outputs import OutputNotWritable
-from pipeline.streams import StreamCut, open_store
+from pipeline.streams import (
+    StoreUnavailable,
+    StreamCut,
+    StreamStoreError,
+    TxnFailed,
+    open_store,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,6 +75,14 @@ def default_in_process_bytes() -> int:
         problem = f"{text!r} is not a number of bytes, 0 (always Spark) or more"
         raise SettingsError(IN_PROCESS_ENV, problem)
     return value
+
+
+def is_retryable(error: StreamStoreError) -> bool:
+    """Whether Spark's re-run of a batch that failed here with `error` may succeed: a store
+    that could not be reached may be back, and an aborted transaction is written anew. Any
+    other store error (`Truncated`, `Corrupted`, …) is about the data: a re-run meets it
+    again."""
+    return isinstance(error, StoreUnavailable | TxnFailed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +157,8 @@ def run_in_process(
     """Batch `batch_id` over `cuts` here (module doc): planned first unless it is `planned`
     already (a batch an earlier run planned and never committed: it is re-run over the cuts
     of its offset log entry, as Spark's restart would). None, with the batch left planned for
-    Spark to re-run, when the sink failed."""
+    Spark to re-run, when the sink failed; an `OutputNotWritable` or a store error that is
+    not `is_retryable` is raised instead (the batch stays planned all the same)."""
     start, end = cuts
     last = batch_id - 1
     started = time.monotonic()
@@ -159,6 +175,8 @@ def run_in_process(
     except OutputNotWritable:  # Spark would fail the same way, after starting: stop here
         raise
     except Exception as exc:  # the batch stays planned: Spark re-runs it from the offset log
+        if isinstance(exc, StreamStoreError) and not is_retryable(exc):
+            raise  # a truncation, damage: Spark would fail the same way, after starting
         log.warning("batch %d in this process failed (%s): Spark runs it", batch_id, exc)
         return None
     write_commit_entry(spark_dir, last, batch_id)

@@ -519,13 +519,17 @@ def _not_the_models(filename: str) -> bool:
 
 
 def check_readable(store: StreamStore, record: SliceRecord) -> None:
-    """Raise `SliceTruncated` when any segment's head is past the slice's start cut."""
+    """Raise `SliceTruncated` when a segment the slice reads was truncated past where the
+    slice starts in it: a segment of its start cut, or one a scale created within the slice
+    (which the start cut does not name: the slice reads it from offset 0)."""
     start, end = record.cuts
     heads = store.head(record.stream).segments
-    for segment, offset in start.positions:
+    begin, finish = start.segments, end.segments
+    for segment in sorted(begin.keys() | finish.keys()):
+        first, stop = begin.get(segment, 0), finish.get(segment)
         head = heads.get(segment, 0)
-        if head > offset and end.offset(segment) != offset:
-            raise SliceTruncated(record.slice_id, record.stream, segment, offset, head)
+        if head > first and stop != first:
+            raise SliceTruncated(record.slice_id, record.stream, segment, first, head)
 
 
 def is_empty(record: SliceRecord) -> bool:

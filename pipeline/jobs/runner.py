@@ -23,15 +23,25 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pipeline import durable
 from pipeline.errors import SluiceError
-from pipeline.jobs.checkpoint import SettledPosition, planned_batch, settled_position
-from pipeline.jobs.in_process import InProcessBatch, default_in_process_bytes, run_in_process
+from pipeline.jobs.checkpoint import (
+    SettledPosition,
+    planned_batch,
+    settled_position,
+)
+from pipeline.jobs.in_process import (
+    InProcessBatch,
+    default_in_process_bytes,
+    is_retryable,
+    run_in_process,
+)
 from pipeline.jobs.stopping import StopGate, StopRequest
+from pipeline.jobs.truncation import truncated_reason, truncation_of
 from pipeline.outputs import OutputNotWritable
 from pipeline.spark.errors import OptionError
 from pipeline.spark.ledger import BatchLedger
 from pipeline.spark.options import cut_option
 from pipeline.spark.session import default_parallelism
-from pipeline.streams import StreamCut, open_store, parse_stream
+from pipeline.streams import StreamCut, StreamStoreError, Truncated, open_store, parse_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -290,9 +300,8 @@ def run_query(
             events = events.unionByName(frame)
         writer = sink(events, checkpoint).option("checkpointLocation", str(checkpoint.spark_dir))
         query = with_trigger(writer, run).start()
-        return (
-            *reports,
-            *await_query(
+        try:
+            batches = await_query(
                 checkpoint.identity.job,
                 query,
                 run,
@@ -300,8 +309,14 @@ def run_query(
                 checkpoint.ledger_path,  # a sink without a ledger leaves none: counts from Spark
                 first_start=checkpoint.start_cut,
                 stop=stop,
-            ),
-        )
+            )
+        except JobFailed as exc:
+            truncated = truncation_of(exc.__cause__ or exc)
+            if truncated is None:
+                raise
+            reason = truncated_reason(checkpoint, sources, truncated)
+            raise JobFailed(checkpoint.identity.job, reason) from exc.__cause__
+        return (*reports, *batches)
 
 
 def check_start(job: str, run: RunOptions, sources: Sequence[JobSource]) -> None:
@@ -417,6 +432,12 @@ def _in_process(
             batch=batch,
         )
     except OutputNotWritable as exc:  # as Spark's query would have failed
+        raise JobFailed(job, str(exc)) from exc
+    except Truncated as exc:
+        raise JobFailed(job, truncated_reason(checkpoint, sources, exc)) from exc
+    except StreamStoreError as exc:
+        if is_retryable(exc):
+            raise
         raise JobFailed(job, str(exc)) from exc
     if result is None:
         return None

@@ -97,13 +97,16 @@ def resolve_cut(store: StreamStore, stream: str, text: str, option: str) -> Stre
 def plan_ranges(
     store: StreamStore, opts: SourceOptions, start: StreamCut, end: StreamCut
 ) -> list[SegmentRange]:
-    """Segment ranges covering [start, end), split so that about `min_partitions` tasks run."""
-    heads = store.head(opts.stream).segments
+    """Segment ranges covering [start, end), split so that about `min_partitions` tasks run.
+
+    A segment `start` does not name was created after it (by a scale): its range starts at
+    offset 0, not at its head, so that a truncation since `start` makes the read raise
+    `Truncated` rather than skip the dropped events."""
     begin, finish = start.segments, end.segments
     spans = [
-        (seg, begin.get(seg, heads.get(seg, 0)), finish[seg])
+        (seg, begin.get(seg, 0), finish[seg])
         for seg in sorted(finish)
-        if begin.get(seg, heads.get(seg, 0)) < finish[seg]
+        if begin.get(seg, 0) < finish[seg]
     ]
     total = sum(e - s for _, s, e in spans) or 1
     ranges: list[SegmentRange] = []
@@ -302,9 +305,8 @@ def admit(
     always admits at least one event when one is available, even one larger than `max_bytes`.
     """
     pos, top = begin.segments, ceiling.segments
-    heads = store.head(stream).segments
-    for seg in top:
-        pos.setdefault(seg, heads.get(seg, 0))
+    for seg in top:  # created by a scale after `begin`: from offset 0 (see `plan_ranges`)
+        pos.setdefault(seg, 0)
     events_left = max_events if max_events is not None else float("inf")
     bytes_left = max_bytes if max_bytes is not None else float("inf")
     order = successor_order(store, stream)

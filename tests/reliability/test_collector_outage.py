@@ -18,6 +18,7 @@ import pytest
 from collectors.buffer import Buffer
 from collectors.settings import load_settings
 from tests.collectors.conftest import REPO, RunningService, read_payloads, toml_text, wait_for
+from tests.disks import small_disk
 
 pytestmark = pytest.mark.slow
 
@@ -143,21 +144,17 @@ def test_a_full_store_disk_keeps_the_collector_buffering_and_status_says_so(tmp_
     """The store's disk fills up: the sender's writes fail with StoreFull, sampling goes on
     into the buffer, `sluice collect status` names the full disk, and once space is freed
     every sample lands exactly once, in order."""
-    from tests.reliability.test_damage import can_mount_tmpfs
-
-    disk = tmp_path / "small-disk"
-    if not can_mount_tmpfs(disk):
-        pytest.skip("needs root to mount a small tmpfs for the store's disk")
-    try:
-        ballast = disk / "ballast"
-        with ballast.open("wb") as fh:  # fill the disk to the last byte
+    with small_disk(tmp_path / "small-disk", "6m") as disk:
+        if disk is None:
+            pytest.skip("needs root to mount a small tmpfs for the store's disk")
+        with disk.ballast.open("wb") as fh:  # fill the disk to the last byte
             try:
                 while True:
                     fh.write(b"\0" * 65536)
                     fh.flush()
             except OSError:
                 pass
-        store_dir = disk / "streams"
+        store_dir = disk.path / "streams"
         path = write(tmp_path, f"embedded:{store_dir}", samples_per_sec=5_000, max_samples=25_000)
         running = RunningService(load_settings(path, {}, "unused", tmp_path))
         wait_for(lambda: buffer_of(tmp_path).depth() >= 100, timeout=90)
@@ -167,12 +164,10 @@ def test_a_full_store_disk_keeps_the_collector_buffering_and_status_says_so(tmp_
         )
         status = run_collect_status(path)
         assert "StoreFull" in status, status
-        ballast.unlink()  # space freed
+        disk.free()
         assert running.wait(timeout=120) == 0
         assert sequences(store_dir) == list(range(25_000))
         assert buffer_of(tmp_path).depth() == 0
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def run_collect_status(config: Path) -> str:

@@ -10,7 +10,7 @@ replay stale, and the new results go beside the old ones instead of over them; a
 check replays the slice again and wants byte-identical files.
 
 Delivery: exactly-once per (slice, model, version, params): a re-run replaces the same files
-with the same bytes (`pipeline/jobs/replay.py`).
+with the same bytes (`pipeline/jobs/replay/`).
 """
 
 import json

@@ -37,7 +37,7 @@ PYSPARK_PANDAS = re.compile(
 )
 #: Where pyarrow hands Sluice's rows to pandas and back (each tested below).
 PANDAS_BOUNDARIES = {
-    "pipeline/jobs/replay.py": 2,  # the slice to the model, its results back
+    "pipeline/jobs/replay/model.py": 2,  # the slice to the model, its results back
     "pipeline/jobs/bookmark.py": 1,  # a batch's rows to the predicates
     "pipeline/models/join.py": 2,  # the join model: frame to table and back
 }

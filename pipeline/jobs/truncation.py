@@ -4,7 +4,6 @@ checkpoint goes on from without copying anything twice."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,23 +22,10 @@ class JobSource(Protocol):
     store: str
 
 
-#: The store's `Truncated` as a failed query reports it (in the Python worker's traceback).
-_TRUNCATED = re.compile(
-    r"pipeline\.streams\.errors\.Truncated: stream (?P<stream>\S+) segment (?P<segment>\d+)"
-    r" was truncated at offset (?P<head>\d+): position (?P<offset>\d+) "
-)
-
-
 def truncation_of(exc: BaseException) -> Truncated | None:
     """The store's `Truncated` behind a failure: the error itself, or the last one that
     Spark's report of a failed query names."""
-    if isinstance(exc, Truncated):
-        return exc
-    found = [*_TRUNCATED.finditer(str(exc))]
-    if not found:
-        return None
-    m = found[-1]
-    return Truncated(m["stream"], int(m["segment"]), int(m["offset"]), int(m["head"]))
+    return exc if isinstance(exc, Truncated) else Truncated.last_in(str(exc))
 
 
 def truncated_reason(checkpoint: Checkpoint, sources: Sequence[JobSource], error: Truncated) -> str:

@@ -6,6 +6,8 @@ from `StreamStoreError`, so a command line can print one clear line for any of t
 
 from __future__ import annotations
 
+import re
+
 from pipeline.errors import SluiceError
 
 #: The highest event number a writer may use (a signed 64-bit integer, as stored).
@@ -122,6 +124,23 @@ class Truncated(StreamStoreError):
             f"position {offset} is no longer readable; start from the head cut instead"
         )
         super().__init__(msg)
+
+    @classmethod
+    def last_in(cls, text: str) -> Truncated | None:
+        """The last `Truncated` a text reports by its message, as Spark's report of a failed
+        query does (the Python worker's traceback, as text); None when there is none."""
+        found = [*_TRUNCATED_MESSAGE.finditer(text)]
+        if not found:
+            return None
+        m = found[-1]
+        return cls(m["stream"], int(m["segment"]), int(m["offset"]), int(m["head"]))
+
+
+#: `Truncated`'s message, qualified by its class as a traceback shows it.
+_TRUNCATED_MESSAGE = re.compile(
+    rf"{re.escape(__name__)}\.Truncated: stream (?P<stream>\S+) segment (?P<segment>\d+)"
+    r" was truncated at offset (?P<head>\d+): position (?P<offset>\d+) "
+)
 
 
 class InvalidEventNumber(StreamStoreError, ValueError):

@@ -47,3 +47,24 @@ def test_error_round_trips_through_pickle(cls):
     assert str(copy) == str(error)
     assert copy.args == error.args
     assert vars(copy) == vars(error), "every field comes back"
+
+
+def test_a_truncation_is_found_in_the_text_of_a_failed_query():
+    """Spark reports a Python worker's error as text: the last `Truncated` in it is found."""
+    first = errors.Truncated("a/s", 1, 0, 10)
+    last = errors.Truncated("sensors/nic-0.eu", 12, 345, 6789)
+    report = (
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        f"pipeline.streams.errors.Truncated: {first}\n  at ...\n"
+        f"pipeline.streams.errors.Truncated: {last}\n  at org.apache.spark..."
+    )
+    found = errors.Truncated.last_in(report)
+    assert found is not None
+    assert (found.stream, found.segment, found.offset, found.truncated_at) == (
+        "sensors/nic-0.eu",
+        12,
+        345,
+        6789,
+    )
+    assert str(found) == str(last)
+    assert errors.Truncated.last_in(f"ValueError: {last}") is None, "another error's text"

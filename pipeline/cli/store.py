@@ -237,7 +237,7 @@ def read_between(
     """Write the payloads between two cuts, one a line; a read of `LARGE_READ_BYTES` or more
     shows its progress in bytes on standard error."""
     start, end = cuts
-    total = bytes_between(start, end)
+    total = start.bytes_until(end)
     progress = Progress.of(args, data_on_stdout=True)
     if total < LARGE_READ_BYTES:
         progress = Progress("off")
@@ -249,13 +249,6 @@ def read_between(
             task.count(min(done, total), total)
         out.flush()
         task.count(total, total)
-
-
-def bytes_between(start: StreamCut, end: StreamCut) -> int:
-    """About how many bytes a read from `start` to `end` goes through (a segment the start
-    does not name is read from its beginning)."""
-    begin = start.segments
-    return sum(max(0, offset - begin.get(segment, 0)) for segment, offset in end.positions)
 
 
 def cmd_cut(args: argparse.Namespace) -> int:

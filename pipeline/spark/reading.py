@@ -97,17 +97,9 @@ def resolve_cut(store: StreamStore, stream: str, text: str, option: str) -> Stre
 def plan_ranges(
     store: StreamStore, opts: SourceOptions, start: StreamCut, end: StreamCut
 ) -> list[SegmentRange]:
-    """Segment ranges covering [start, end), split so that about `min_partitions` tasks run.
-
-    A segment `start` does not name was created after it (by a scale): its range starts at
-    offset 0, not at its head, so that a truncation since `start` makes the read raise
-    `Truncated` rather than skip the dropped events."""
-    begin, finish = start.segments, end.segments
-    spans = [
-        (seg, begin.get(seg, 0), finish[seg])
-        for seg in sorted(finish)
-        if begin.get(seg, 0) < finish[seg]
-    ]
+    """Segment ranges covering [start, end), split so that about `min_partitions` tasks run
+    (a segment created since `start` from its offset 0: `StreamCut.spans_until`)."""
+    spans = [(seg, s, e) for seg, s, e in start.spans_until(end) if s < e]
     total = sum(e - s for _, s, e in spans) or 1
     ranges: list[SegmentRange] = []
     for seg, s, e in spans:
@@ -193,9 +185,8 @@ class SluiceBatchReader(DataSourceReader):
 
 
 def check_order(start: StreamCut, end: StreamCut) -> None:
-    begin = start.segments
-    for seg, off in end.positions:
-        if off < begin.get(seg, 0):
+    for seg, first, stop in start.spans_until(end):
+        if stop < first:
             reason = f"the ending cut is before the starting cut in segment {seg}"
             raise OptionError(SOURCE, "endingCut", end.text, reason)
 

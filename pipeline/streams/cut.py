@@ -98,10 +98,19 @@ class StreamCut:
             raise CutStreamMismatch(self.text, self.stream, f"{scope}/{stream_name}")
         return self
 
+    def spans_until(self, end: StreamCut) -> list[tuple[int, int, int]]:
+        """(segment, start, end) of each segment `end` names, in segment order: what lies
+        between this cut and a later one (a whole later cut names every segment this one
+        does). A segment this cut does not name was created after it, by a scale: its span
+        starts at offset 0, its beginning. Never at its head: a read from before a truncation
+        must raise `Truncated`, not skip the events it dropped. A span may end before it
+        starts when `end` is not later in that segment: the caller refuses such a pair."""
+        begin = self.segments
+        return [(seg, begin.get(seg, 0), off) for seg, off in end.positions]
+
     def bytes_until(self, other: StreamCut) -> int:
-        """Bytes between this cut and a later one, summed over segments both name."""
-        mine = self.segments
-        return sum(max(0, off - mine[seg]) for seg, off in other.positions if seg in mine)
+        """Bytes between this cut and a later one, segments created since this cut included."""
+        return sum(max(0, stop - start) for _, start, stop in self.spans_until(other))
 
 
 def as_cut(value: StreamCut | str) -> StreamCut:

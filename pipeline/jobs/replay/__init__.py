@@ -115,9 +115,7 @@ def check_readable(store: StreamStore, record: SliceRecord) -> None:
     (which the start cut does not name: the slice reads it from offset 0)."""
     start, end = record.cuts
     heads = store.head(record.stream).segments
-    begin, finish = start.segments, end.segments
-    for segment in sorted(begin.keys() | finish.keys()):
-        first, stop = begin.get(segment, 0), finish.get(segment)
+    for segment, first, stop in start.spans_until(end):
         head = heads.get(segment, 0)
         if head > first and stop != first:
             raise SliceTruncated(record.slice_id, record.stream, segment, first, head)
@@ -126,8 +124,7 @@ def check_readable(store: StreamStore, record: SliceRecord) -> None:
 def is_empty(record: SliceRecord) -> bool:
     """True when no byte of any segment lies between the slice's cuts."""
     start, end = record.cuts
-    begin = start.segments
-    return all(offset <= begin.get(segment, 0) for segment, offset in end.positions)
+    return all(stop <= first for _, first, stop in start.spans_until(end))
 
 
 def read_slice(

@@ -257,16 +257,10 @@ class EmbeddedStore(StreamStore):
         row = engine.stream_row(stream)
         start = engine.check_cut(row, start) if start else engine.head(row)
         end = engine.check_cut(row, end) if end else engine.tail(row)
-        # A segment a cut does not name was created after the cut (by scaling): everything in
-        # it comes after that cut, so its position in that cut is its beginning, offset 0 (not
-        # its head: a read from before a truncation raises `Truncated`, never skips data).
-        starts, ends = start.segments, end.segments
-        for seg in sorted(set(starts) | set(ends)):
-            starts.setdefault(seg, 0)
-            ends.setdefault(seg, 0)
-            if ends[seg] < starts[seg]:
+        for seg, first, stop in start.spans_until(end):  # both are whole cuts (`check_cut`)
+            if stop < first:
                 raise InvalidCut(end.text, f"it is before the start cut in segment {seg}")
-            yield seg, starts[seg], ends[seg]
+            yield seg, first, stop
 
     def read_segment(
         self, stream: str, segment: int, start: int, end: int | None = None

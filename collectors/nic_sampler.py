@@ -4,9 +4,10 @@
 
 Its own small process (standard library only), so nothing the collector does can delay a
 wake-up. Each sample goes to stdout as a little-endian record: int64 wall-clock nanoseconds,
-then one int64 per counter; a time of -1 carries the number of ticks missed after a stall.
-An unreadable counter: the reason on stderr, exit status 3 (4: SCHED_FIFO not permitted).
-It dies with its parent (PR_SET_PDEATHSIG), and on a closed pipe.
+then one uint64 per counter (the kernel's counters are unsigned 64-bit); a time of -1 carries
+the number of ticks missed after a stall. An unreadable counter (missing, empty, not a whole
+number from 0 to 2**64 - 1): the reason on stderr, exit status 3 (4: SCHED_FIFO not
+permitted). It dies with its parent (PR_SET_PDEATHSIG), and on a closed pipe.
 """
 
 from __future__ import annotations
@@ -25,11 +26,28 @@ EXIT_UNREADABLE = 3
 EXIT_NO_PRIORITY = 4
 WRITE_EVERY = 25  # records per write: the driver wakes 40 times a second at 1 kHz, not 1000
 MISSED = -1
+COUNTER_LIMIT = 1 << 64  # sysfs counters are u64 (32-bit ones wrap earlier, and are kept as read)
+_LONGEST_TEXT = 64  # a u64 is 20 digits; more than this is not a counter
 _PR_SET_PDEATHSIG = 1
 
 
 def record_format(counters: int) -> struct.Struct:
-    return struct.Struct(f"<q{counters}q")
+    return struct.Struct(f"<q{counters}Q")
+
+
+def parse_counter(text: bytes) -> int:
+    """A sysfs counter's value: ASCII digits (and surrounding white space) for 0 .. 2**64 - 1;
+    anything else (empty, a sign, garbage, too long) raises ValueError saying what was read."""
+    digits = text.strip()
+    if not digits.isdigit() or len(text) >= _LONGEST_TEXT or int(digits) >= COUNTER_LIMIT:
+        shown = text[:_LONGEST_TEXT]
+        msg = f"{shown!r} is not a counter value (a whole number from 0 to 2**64 - 1)"
+        raise ValueError(msg)
+    return int(digits)
+
+
+def read_counter(fd: int) -> int:
+    return parse_counter(os.pread(fd, _LONGEST_TEXT, 0))
 
 
 def _die_with_parent() -> None:
@@ -54,7 +72,11 @@ def main(argv: list[str]) -> int:
             return EXIT_NO_PRIORITY
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    fds = [os.open(path, os.O_RDONLY) for path in paths]
+    try:  # O_NONBLOCK: a FIFO or a device node in place of a counter cannot hang us
+        fds = [os.open(path, os.O_RDONLY | os.O_NONBLOCK) for path in paths]
+    except OSError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return EXIT_UNREADABLE
     pack = record_format(len(fds)).pack
     out = sys.stdout.fileno()
     pacer = Pacer(1.0 / rate)
@@ -64,8 +86,8 @@ def main(argv: list[str]) -> int:
     while pacer.wait(stop):
         now_ns = time.time_ns()
         try:
-            values = [int(os.pread(fd, 32, 0)) for fd in fds]
-        except (OSError, ValueError) as exc:
+            values = _read_all(fds, paths)
+        except ValueError as exc:
             sys.stderr.write(f"{exc}\n")
             status = EXIT_UNREADABLE
             break
@@ -77,6 +99,18 @@ def main(argv: list[str]) -> int:
             return 0
     _write(out, pending)
     return status
+
+
+def _read_all(fds: list[int], paths: list[str]) -> list[int]:
+    """Every counter's value now; ValueError naming the first that cannot be read."""
+    values = []
+    for fd, path in zip(fds, paths, strict=True):
+        try:
+            values.append(read_counter(fd))
+        except (OSError, ValueError) as exc:
+            msg = f"{path}: {exc}"
+            raise ValueError(msg) from None
+    return values
 
 
 def _write(out: int, records: list[bytes]) -> bool:

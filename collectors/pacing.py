@@ -9,7 +9,8 @@ A wake-up a whole period or more late (the machine was busy, or stalled) skips t
 that have already passed: they are counted in `missed`, and the sample is taken for the
 latest passed deadline, on the same grid. It never fires the missed ticks back to back: a
 burst of samples microseconds apart would turn one packet into a spike of gigabits per second
-in every rate computed from them.
+in every rate computed from them. A period of any length works: it is waited for in steps of
+at most a minute (a single timed wait longer than about 292 years overflows).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import time
 
 _SPIN_FREE = 0.05  # sleeps longer than this wait on the stop event instead
+_LONGEST_WAIT = 60.0  # one wait at most (a period of days or more is waited for in steps)
 
 
 class Pacer:
@@ -40,7 +42,7 @@ class Pacer:
             if left <= 0:
                 break
             if left > _SPIN_FREE:
-                stop.wait(left - _SPIN_FREE / 2)
+                stop.wait(min(left - _SPIN_FREE / 2, _LONGEST_WAIT))
             else:
                 time.sleep(left)
         passed = int(-left / self.period)  # later deadlines that have passed too

@@ -29,6 +29,14 @@ CURSOR = "generator"
 CURSOR_VERSION = 1
 #: When behind, this many events go into one SQLite commit (one fsync, not one per event).
 EVENTS_PER_COMMIT = 128
+#: A higher rate is "as fast as the buffer takes them": one sample a nanosecond is already
+#: beyond any machine (and a rate near the float limit would overflow the schedule).
+FASTEST = 1e9
+#: The longest single wait for the next event (a slow rate is waited for in steps; one timed
+#: wait over about 292 years overflows).
+LONGEST_WAIT = 60.0
+#: The longest interval between two samples' timestamps, in ns (a year).
+LONGEST_PERIOD_NS = 365 * 86_400 * 10**9
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,20 +80,25 @@ class GeneratorDriver:
     def _generate(self, ctx: DriverContext, appender: _Appender) -> None:
         cursor = ctx.cursor(CURSOR)
         next_seq = int(cursor.value["next_seq"]) if cursor else 0
-        schedule = _Schedule(self.options.samples_per_sec, next_seq)
+        rate = min(self.options.samples_per_sec, FASTEST)
+        schedule = _Schedule(rate, next_seq)
         per_event = self.settings.samples_per_event
         self.events_per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
         burst = per_event * self.events_per_commit
-        period = max(1, round(1e9 / self.options.samples_per_sec))  # whole nanoseconds
+        period = max(1, round(min(1e9 / rate, LONGEST_PERIOD_NS)))  # whole nanoseconds
         while appender.running and ctx.running:  # at any rate: a stop is never starved
-            if schedule.due() - next_seq > max(self.options.samples_per_sec, burst):
+            if schedule.due() - next_seq > max(rate, burst):
                 schedule.restart(next_seq + burst)  # a stall: do not owe more than one burst
             count = self._count(next_seq, schedule.due() - next_seq)
             if count is None:
                 ctx.log.info("generated all %s", counted(self.options.max_samples, "sample"))
                 return
-            if count == 0:  # not a whole event due yet
-                if not ctx.wait(schedule.seconds_until(next_seq + per_event)):
+            if count == 0:  # not a whole event due yet (nor the last samples of max_samples)
+                wanted = next_seq + per_event
+                if self.options.max_samples is not None:
+                    wanted = min(wanted, self.options.max_samples)
+                wait = min(schedule.seconds_until(wanted), LONGEST_WAIT)
+                if not ctx.wait(wait):
                     return
                 continue
             events = [

@@ -15,14 +15,28 @@ import os
 import select
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.batch import ColumnBatch, camel_case
 from collectors.drivers.base import DriverContext, DriverSettings, OptionsReader
 from collectors.errors import DriverError
-from collectors.nic_sampler import EXIT_NO_PRIORITY, MISSED, record_format
+from collectors.nic_sampler import (
+    EXIT_NO_PRIORITY,
+    EXIT_UNREADABLE,
+    MISSED,
+    parse_counter,
+    record_format,
+)
 from pipeline.wording import counted
+
+#: The fastest schedule the sampling process can keep (a wake-up every 100 us); above it
+#: every tick would be late and the sampler a busy loop on one core.
+MAX_SAMPLES_PER_SEC = 10_000.0
+#: A sampling process that has not ended this long after SIGTERM (a counter read that hangs)
+#: is killed, so a stop is never held up by it.
+STOP_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +56,14 @@ def parse_options(r: OptionsReader) -> Options:
     interface = r.text("interface")
     if "/" in interface or interface in (".", ".."):
         r.fail("interface", "is not an interface name")
+    samples_per_sec = r.number("samples_per_sec", 10.0, positive=True)
+    if samples_per_sec > MAX_SAMPLES_PER_SEC:
+        problem = f"is more than the sampler can keep up with ({MAX_SAMPLES_PER_SEC:,.0f} a second)"
+        r.fail("samples_per_sec", problem, "sample less often")
     return Options(
         interface=interface,
         statistics=statistics,
-        samples_per_sec=r.number("samples_per_sec", 10.0, positive=True),
+        samples_per_sec=samples_per_sec,
         sysfs_root=r.path("sysfs_root", "/sys/class/net"),
         realtime_priority=_priority(r),
     )
@@ -71,7 +89,7 @@ def create(settings: DriverSettings) -> NicDriver:
     for name in options.statistics:
         path = stats_dir / name
         try:
-            int(path.read_text())
+            parse_counter(path.read_bytes())
         except (OSError, ValueError) as exc:
             problem = f"cannot read statistic {name!r} of {options.interface} ({path}): {exc}"
             raise DriverError(settings.name, "nic", problem) from None
@@ -94,15 +112,19 @@ class NicDriver:
 
     def run(self, ctx: DriverContext) -> None:
         batch = ColumnBatch(self.columns, self.constants)
-        while ctx.running:
-            error = self._sample(ctx, batch)
-            if error is None or not self._wait_for_interface(ctx, error):
-                break
-        if len(batch):
-            ctx.append(batch.take_events(self.settings.routing_key))
+        try:
+            while ctx.running:
+                error = self._sample(ctx, batch)
+                if error is None or not self._wait_for_interface(ctx, error):
+                    break
+        finally:  # the samples taken so far are buffered even when the sampler failed
+            if len(batch):
+                ctx.append(batch.take_events(self.settings.routing_key))
 
     def _sample(self, ctx: DriverContext, batch: ColumnBatch) -> str | None:
-        """Run one sampling process until stopped (None) or until it fails (the reason)."""
+        """Run one sampling process until stopped (None) or until a counter cannot be read
+        (the reason); `DriverError` when it ends otherwise (the instance restarts the driver
+        with backoff)."""
         paths = [str(self.stats_dir / name) for name in self.options.statistics]
         args = [str(self.options.samples_per_sec), str(self.priority), *paths]
         process = subprocess.Popen(
@@ -113,9 +135,7 @@ class NicDriver:
         try:
             self._read(ctx, process, batch)
         finally:
-            if process.poll() is None:
-                process.terminate()
-            process.wait()
+            _end(process)
         reason = process.stderr.read().decode(errors="replace").strip()
         if ctx.stop.is_set() or process.returncode == 0:
             return None
@@ -123,7 +143,14 @@ class NicDriver:
             ctx.error("realtime", f"{reason}: sampling at normal priority instead", every=0.0)
             self.priority = 0
             return self._sample(ctx, batch)
-        return f"cannot read the counters of {self.options.interface}: {reason}"
+        if process.returncode == EXIT_UNREADABLE:
+            return f"cannot read the counters of {self.options.interface}: {reason}"
+        last_line = reason.splitlines()[-1] if reason else "no message"
+        problem = (
+            f"the sampling process (collectors/nic_sampler.py) ended with status "
+            f"{process.returncode}: {last_line}; restarting it (report this if it repeats)"
+        )
+        raise DriverError(self.settings.name, "nic", problem)
 
     def _read(self, ctx: DriverContext, process: subprocess.Popen, batch: ColumnBatch) -> None:
         fmt = record_format(len(self.options.statistics))
@@ -132,9 +159,14 @@ class NicDriver:
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLHUP)
         pending = b""
+        stopping_since = None
         while True:
             if ctx.stop.is_set() and process.poll() is None:
-                process.terminate()  # it exits; we read what it wrote, then EOF
+                stopping_since = stopping_since or time.monotonic()
+                if time.monotonic() - stopping_since < STOP_GRACE_SECONDS:
+                    process.terminate()  # it exits; we read what it wrote, then EOF
+                else:
+                    process.kill()  # stuck in a read: what it has not written is lost
             if not poller.poll(250):
                 continue
             data = os.read(fd, 1 << 16)
@@ -156,9 +188,20 @@ class NicDriver:
         while ctx.wait(1.0):
             try:
                 for name in self.options.statistics:
-                    int((self.stats_dir / name).read_text())
+                    parse_counter((self.stats_dir / name).read_bytes())
             except (OSError, ValueError):
                 continue
             ctx.log.warning("interface %s is back: sampling again", self.options.interface)
             return True
         return False
+
+
+def _end(process: subprocess.Popen) -> None:
+    """Stop the sampling process (SIGTERM, then SIGKILL after the grace period) and reap it."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

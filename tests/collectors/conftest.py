@@ -121,6 +121,26 @@ def service() -> Iterator[Callable[..., RunningService]]:
         running.thread.join(60)
 
 
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "accelfifo"
+    os.mkfifo(path)
+    return path
+
+
+def samplers(root: Path) -> list[int]:
+    """The pids of the NIC sampling processes reading counters under `root`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"nic_sampler" in cmdline and str(root).encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
 def wait_for(
     condition: Callable[[], bool],
     timeout: float = 60.0,

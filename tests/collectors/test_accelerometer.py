@@ -26,13 +26,6 @@ def sysfs(tmp_path):
     return directory
 
 
-@pytest.fixture
-def fifo(tmp_path):
-    path = tmp_path / "accelfifo"
-    os.mkfifo(path)
-    return path
-
-
 def record(i: int) -> bytes:
     x, y, z = (i % 100) - 50, -(i % 7), i % 120
     return struct.pack("<bbb5xq", x, y, z, 1_700_000_000_000_000_000 + i * 1_000_000)

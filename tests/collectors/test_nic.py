@@ -11,7 +11,7 @@ from collectors.batch import camel_case, format_timestamp
 from collectors.buffer import Buffer
 from collectors.pacing import Pacer
 
-from .conftest import read_payloads, wait_for
+from .conftest import read_payloads, samplers, wait_for
 
 
 def test_the_timestamp_format_is_the_references():
@@ -164,7 +164,6 @@ def test_the_sampler_process_dies_with_the_collector(write_config, tmp_path):
     import signal
     import subprocess
     import sys
-    from pathlib import Path
 
     from .conftest import REPO
 
@@ -180,21 +179,10 @@ def test_the_sampler_process_dies_with_the_collector(write_config, tmp_path):
         [sys.executable, "-m", "pipeline.cli", "collect", "--config", str(path)], cwd=REPO
     )
 
-    def samplers() -> list[int]:
-        found = []
-        for proc in Path("/proc").iterdir():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"nic_sampler" in cmdline and str(root).encode() in cmdline:
-                found.append(int(proc.name))
-        return found
-
-    wait_for(lambda: len(samplers()) == 1, timeout=30)
+    wait_for(lambda: len(samplers(root)) == 1, timeout=30)
     collector.send_signal(signal.SIGKILL)
     collector.wait()
-    wait_for(lambda: samplers() == [], timeout=10)
+    wait_for(lambda: samplers(root) == [], timeout=10)
 
 
 def test_after_a_stall_the_pacer_skips_the_passed_ticks_instead_of_bursting():

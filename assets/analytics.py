@@ -20,7 +20,13 @@ from assets.keys import ANALYTICS_GROUP, ANALYTICS_KEY, ANALYTICS_POOL
 from pipeline.analytics.catalog import refresh
 from pipeline.analytics.plot import plot_rates
 from pipeline.analytics.snapshots import collect_slices, snapshot_slices
-from pipeline.analytics.sources import FIXED_VIEWS, AnalyticsError, discover_exports
+from pipeline.analytics.sources import (
+    FIXED_VIEWS,
+    AnalyticsError,
+    AnalyticsPaths,
+    discover_exports,
+)
+from pipeline.errors import SluiceError
 from pipeline.outputs import OutputNotWritable, check_writable
 from pipeline.settings import SluiceSettings
 from resources.analytics import AnalyticsResource
@@ -42,6 +48,21 @@ def nic_exports(analytics: AnalyticsResource) -> set[str]:
 def plot_markdown(png: bytes, title: str) -> dg.MetadataValue:
     encoded = base64.b64encode(png).decode()
     return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{encoded})")
+
+
+def check_home(paths: AnalyticsPaths, settings: SluiceSettings) -> None:
+    """Refuse an analytics home (run config from the launchpad) other than the Sluice home
+    the definitions were built with: the exports and their records would be read from the
+    one, the replay lineage and results from the other, and views silently lose rows."""
+    if paths.home.absolute() == settings.home.absolute():
+        return
+    msg = (
+        f"the analytics resource's run config sets home {str(paths.home)!r}, but the exports, "
+        f"slices, lineage and replays of this code location are under {str(settings.home)!r} "
+        "(SLUICE_HOME): a refresh would read half of them; set `database` alone to write the "
+        "database elsewhere, or change SLUICE_HOME and reload the code location"
+    )
+    raise dg.Failure(description=msg)
 
 
 def analytics_asset(
@@ -72,18 +93,20 @@ def analytics_asset(
             check_writable(paths.database, "analytics database", file=True)
         except OutputNotWritable as exc:
             raise dg.Failure(description=str(exc)) from None
-        slices = snapshot_slices(paths, collect_slices(settings))
-        sources = discover_exports(settings)
-        views = refresh(paths, sources, lambda line: context.log.info(f"rates: {line}"))
+        check_home(paths, settings)
+        try:  # Sluice's one-line reason (a damaged export file, a store that cannot be read)
+            slices = snapshot_slices(paths, collect_slices(settings))
+            sources = discover_exports(settings)
+            views = refresh(paths, sources, lambda line: context.log.info(f"rates: {line}"))
+            counts, nics = view_counts(analytics), nic_exports(analytics)
+        except SluiceError as exc:
+            raise dg.Failure(description=str(exc)) from None
         metadata: dict[str, Any] = {
             "database": dg.MetadataValue.path(str(paths.database)),
             "views": dg.MetadataValue.text(", ".join(views)),
             "slices": dg.MetadataValue.int(slices),
         }
-        metadata.update(
-            {f"rows/{v}": dg.MetadataValue.int(n) for v, n in view_counts(analytics).items()}
-        )
-        nics = nic_exports(analytics)
+        metadata.update({f"rows/{v}": dg.MetadataValue.int(n) for v, n in counts.items()})
         for source in sources:
             if source.name not in nics:
                 continue

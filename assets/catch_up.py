@@ -303,6 +303,34 @@ def spark_asset_spec(
     )
 
 
+def job_stores(step: CatchUpStep[Any]) -> dict[str, str]:
+    """The stores the step's job reads and writes (name -> URI), as sluice.toml gave them
+    when the definitions were built: the job, its checkpoint and its service use these."""
+    family = step.family
+    used = {family.mirror_store: family.mirror_store_uri}
+    if step.job == "mirror":
+        used[family.store] = family.store_uri
+    return used
+
+
+def check_stores_config(step: CatchUpStep[Any], stores: StreamStoresResource) -> None:
+    """Refuse a `stores` resource (run config from the launchpad) that names other stores
+    than the step's job uses: the job would run on sluice.toml's stores while the run's lag,
+    counts and slices were read from the configured ones."""
+    for name, uri in sorted(job_stores(step).items()):
+        configured = stores.uris.get(name)
+        if configured == uri:
+            continue
+        given = "has no" if configured is None else f"sets {configured!r} as"
+        msg = (
+            f"the stores resource's run config {given} stores.uris.{name}, but the "
+            f"{step.job} of {step.family.name} uses {uri!r} ([stores.{name}] of sluice.toml), "
+            f"as do its checkpoint and its service: change [stores.{name}] in sluice.toml and "
+            "reload the code location, or launch the run without that resource config"
+        )
+        raise dg.Failure(description=msg, allow_retries=False)
+
+
 def run_step(
     step: CatchUpStep[Any],
     context: AssetExecutionContext,
@@ -310,6 +338,7 @@ def run_step(
     stores: StreamStoresResource,
 ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
     """One catch-up run of `step`: its results, or an observation of why there are none."""
+    check_stores_config(step, stores)
     store = stores.open(step.source.store)
     before = step.before(store)
     session = StepSession(spark)

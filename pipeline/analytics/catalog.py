@@ -37,6 +37,8 @@ from pipeline.analytics.sources import (
     AnalyticsError,
     AnalyticsPaths,
     ExportSource,
+    UnreadableExportFiles,
+    unreadable_files,
 )
 
 if TYPE_CHECKING:
@@ -100,7 +102,19 @@ class _Builder:
     def columns(self, sql: str) -> list[str]:
         return [row[0] for row in self.con.execute(f"DESCRIBE {sql}").fetchall()]
 
+    def taken(self, name: str) -> str | None:
+        """The view already named `name` as DuckDB compares names (without case), if any."""
+        return next((v for v in self.views if v.lower() == name.lower()), None)
+
     def add(self, name: str, sql: str, comment: str, docs: dict[str, str]) -> None:
+        if (other := self.taken(name)) is not None:  # it would replace that view, silently
+            same = f"{name!r} twice" if other == name else f"{other!r} and {name!r}"
+            reason = (
+                f"two views would be named {same} (DuckDB ignores case in names), and one "
+                "would hide the other's rows: give one of the exports another name"
+            )
+            msg = f"cannot build the views of {self.paths.database}"
+            raise AnalyticsError(msg, reason)
         self.views[name] = _View(sql, comment)
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW {ident(name)} AS {sql}")
         for column in self.columns(f"SELECT * FROM {ident(name)}"):
@@ -151,7 +165,7 @@ def _add_export(b: _Builder, source: ExportSource) -> tuple[str, str | None]:
         f"read_parquet({b.path(f'{stored}/{PARTITIONS}')}, hive_partitioning = true, "
         "union_by_name = true)"
     )
-    columns = b.columns(f"SELECT * FROM {reading}") if files else []
+    columns = _columns_of(b, source, source.parquet_root, PARTITIONS, reading) if files else []
     plan = _plan_of(source, columns)
     if not files:
         typed = _typed(plan.arrow_schema) if plan is not None else {}
@@ -173,6 +187,20 @@ def _add_export(b: _Builder, source: ExportSource) -> tuple[str, str | None]:
     if files and kind is not None and _kind_view(kind) == NIC_KIND:
         _update_rates(b, source, _time_expr(plan, columns))
     return source.view, kind
+
+
+def _columns_of(
+    b: _Builder, source: ExportSource, root: Path, pattern: str, reading: str
+) -> list[str]:
+    """The columns of the export's files; a file that is not whole Parquet is refused by
+    name (`UnreadableExportFiles`), rather than with DuckDB's error of the whole glob."""
+    try:
+        return b.columns(f"SELECT * FROM {reading}")
+    except duckdb.Error:
+        damaged = unreadable_files(root, pattern)
+        if damaged:
+            raise UnreadableExportFiles(source.name, root, damaged) from None
+        raise
 
 
 def _update_rates(b: _Builder, source: ExportSource, time: str) -> None:
@@ -200,7 +228,7 @@ def _add_quarantine(b: _Builder, source: ExportSource) -> None:
     reading = f"read_parquet({b.path(f'{stored}/**/*.parquet')}, union_by_name = true)"
     if not files:
         reading = f"({_empty(_typed(QUARANTINE_SCHEMA))})"
-    columns = b.columns(f"SELECT * FROM {reading}")
+    columns = _columns_of(b, source, source.quarantine_root, "**/*.parquet", reading)
     time = (
         "make_timestamptz(_ingest_time_ns // 1000)"
         if "_ingest_time_ns" in columns
@@ -223,7 +251,7 @@ def _add_kinds(b: _Builder, kinds: dict[str, list[str]]) -> None:
     """A view per kind (`NetworkSamples` -> `network_samples`): its exports' views, united."""
     for kind, views in kinds.items():
         name = _kind_view(kind)
-        if name in b.views:  # an export already has this name: the kind view gives way
+        if b.taken(name):  # an export already has this name: the kind view gives way
             continue
         docs = b.views[views[0]].columns
         b.add(name, _union(views), comments.kind_view(kind, views), docs)

@@ -42,6 +42,25 @@ class QueryRefused(AnalyticsError):
         super().__init__("refused", reason)
 
 
+#: What to do about DuckDB's errors of the files a view reads (the first line of its error
+#: contains the key): an export gone since the refresh, a file that is not whole Parquet.
+FILE_ADVICE = {
+    "No files found that match the pattern": "files a view read are gone since the last "
+    "refresh, an export moved or deleted: run `sluice analytics refresh`",
+    "too small to be a Parquet file": "a file in an export directory is not whole Parquet: "
+    "`sluice analytics refresh` names every such file; move them away",
+    "No magic bytes found": "a file in an export directory is not whole Parquet: "
+    "`sluice analytics refresh` names every such file; move them away",
+}
+
+
+def _failed(exc: duckdb.Error) -> str:
+    """DuckDB's first line, and what to do when it is about the files a view reads."""
+    said = str(exc).splitlines()[0]
+    advice = next((a for key, a in FILE_ADVICE.items() if key in said), None)
+    return f"{said} ({advice})" if advice else said
+
+
 def _sql_str(value: object) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
@@ -129,7 +148,7 @@ def run(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple
         raise QueryRefused(sql.strip(), f"{said}; {SANDBOX}") from None
     except duckdb.Error as exc:
         msg = "query failed"
-        raise AnalyticsError(msg, str(exc).splitlines()[0]) from None
+        raise AnalyticsError(msg, _failed(exc)) from None
 
 
 def query(paths: AnalyticsPaths, sql: str) -> tuple[list[str], list[tuple]]:

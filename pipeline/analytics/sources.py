@@ -45,6 +45,43 @@ class AnalyticsError(SluiceError):
         super().__init__(msg)
 
 
+class UnreadableExportFiles(AnalyticsError):
+    """Files of an export directory that are not whole Parquet files (no footer, zero bytes).
+
+    An export publishes whole files only (staging, then an atomic rename), so such a file was
+    damaged afterwards or put there by something else; DuckDB's glob would read it and fail
+    every query of the export's views, so a refresh refuses it, naming it."""
+
+    def __init__(self, export: str, directory: Path, files: list[tuple[Path, str]]) -> None:
+        self.export, self.directory, self.files = export, directory, files
+        (first, why), more = files[0], len(files) - 1
+        others = f" and {more} more" if more else ""
+        them, were = ("it", "was") if not more else ("them", "were")
+        reason = (
+            f"{first} is not a whole Parquet file ({why}){others}: an export publishes whole "
+            f"files only, so {them} {were} damaged or put there by something else; move "
+            f"{them} out of {directory} (or restore {them} from a copy) and refresh again"
+        )
+        msg = f"export {export}"
+        super().__init__(msg, reason)
+
+
+def unreadable_files(root: Path, pattern: str) -> list[tuple[Path, str]]:
+    """The files under `root` matching `pattern` whose Parquet footer cannot be read, each
+    with why (read only to explain a failed refresh: it opens every file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    found = []
+    for path in sorted(root.glob(pattern)) if root.is_dir() else []:
+        try:
+            pq.read_metadata(path)
+        except (OSError, pa.ArrowException):
+            size = path.stat().st_size if path.exists() else 0
+            found.append((path, "0 bytes" if size == 0 else f"{size} bytes, no Parquet footer"))
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class AnalyticsPaths:
     """Where analytics reads and writes: the database file (sluice.toml `[analytics]
@@ -115,7 +152,13 @@ class ExportSource:
     @property
     def view(self) -> str:
         view = re.sub(r"[^A-Za-z0-9_]", "_", self.name.replace("/", "_"))
-        return f"{view}_export" if view in FIXED_VIEWS else view
+        return f"{view}_export" if view.lower() in FIXED_VIEWS else view
+
+    @property
+    def view_names(self) -> frozenset[str]:
+        """The names of the export's two views (its data and its quarantine) as DuckDB
+        compares them: without case, so `Network` and `network` are one name."""
+        return frozenset({self.view.lower(), f"{self.view}_quarantine".lower()})
 
     def matches(self, text: str) -> bool:
         """True for the export's name, its stream or another name of it."""
@@ -154,8 +197,11 @@ def discover_exports(
     settings: SluiceSettings, extra: Iterable[ExportSource] = ()
 ) -> list[ExportSource]:
     """Exports named on the command line, then each `[streams.NAME]` family of sluice.toml,
-    then every export run's record. One directory is one export; a name given twice keeps
-    the first (a later one is named after its stream and directory).
+    then every export run's record. One directory is one export; a view name given twice
+    keeps the first (a later one is named after its stream and directory). View names are
+    compared as DuckDB compares them, without case, and with the export's quarantine view:
+    `Network` after `network`, or `network/quarantine` beside `network`, would otherwise
+    replace a view of the first export and count its rows twice.
 
     A family's directory holds the export of the stream its runs recorded there, whatever the
     family names: a `sluice run export --stream examples/network` into the directory of the
@@ -187,15 +233,15 @@ def discover_exports(
         ExportSource(r.stream, Path(r.output), r.stream, r.schema, r.time_field) for r in records
     ]
     by_root: dict[Path, ExportSource] = {}
-    names: set[str] = set()
+    names: set[str] = set()  # the views taken so far, lower case (`view_names`)
     for given in (*extra, *families, *recorded):
         root = given.root.absolute()
         known = by_root.get(root)
         if known is not None:
             by_root[root] = _merge(known, given)
             continue
-        source = _renamed(given, names) if given.view in names else given
-        names.add(source.view)
+        source = _renamed(given, names) if given.view_names & names else given
+        names |= source.view_names
         by_root[root] = source
     return list(by_root.values())
 
@@ -215,7 +261,7 @@ def _merge(known: ExportSource, other: ExportSource) -> ExportSource:
 def _renamed(source: ExportSource, taken: set[str]) -> ExportSource:
     base = f"{source.name}/{source.root.name}"
     name, n = base, 2
-    while ExportSource(name, source.root).view in taken:
+    while ExportSource(name, source.root).view_names & taken:
         name, n = f"{base}_{n}", n + 1
     return ExportSource(
         name, source.root, source.stream, source.schema, source.time_field, source.aliases

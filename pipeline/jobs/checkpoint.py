@@ -345,13 +345,13 @@ def _unfinished(root: Path, last: int) -> list[tuple[int, str]]:
         raise UnreadableCheckpoint(root, f"{path}: {exc}") from None
 
 
-def ledger_totals(root: Path, after: int, upto: int) -> BatchTotals:
-    """Counts of the batches in (after, upto] that the ledger marked done."""
+def ledger_totals(root: Path, after: int = -1, upto: int | None = None) -> BatchTotals:
+    """Counts of the batches in (after, upto] that the ledger marked done (all by default)."""
     path = root / "ledger.sqlite"
     if not path.exists():
         return BatchTotals()
     with BatchLedger(path) as ledger:
-        records = [r for r in ledger.batches(since=after) if r.batch_id <= upto]
+        records = [r for r in ledger.batches(since=after) if upto is None or r.batch_id <= upto]
     stats = [r.stats or {} for r in records if r.state == "done"]
     files = tuple(f for s in stats for f in s.get("files", ()))
     lows = [int(s["min_event_time_ns"]) for s in stats if s.get("min_event_time_ns") is not None]

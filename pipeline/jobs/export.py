@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from pipeline import durable
 from pipeline.config import sluice_home
 from pipeline.errors import SluiceError
-from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint, ledger_totals
 from pipeline.jobs.in_process import stream_writer_batch
 from pipeline.jobs.runner import (
     SERVICE,
@@ -170,6 +170,38 @@ def check_schema_fits(plan: FlattenPlan, output: Path) -> None:
                 raise SchemaChanged(output, field.name, was, now, plan.schema.source)
 
 
+class OutputGone(SluiceError, LookupError):
+    """Every file an export's checkpoint published in one format is gone from its output
+    directory (deleted, or the directory moved): the checkpoint would go on from where it
+    stands and never write them again, so the views and checks would stay short for good."""
+
+    def __init__(self, output: Path, checkpoint: Path, fmt: str, published: int) -> None:
+        self.output, self.checkpoint, self.format, self.published = (
+            output,
+            checkpoint,
+            fmt,
+            published,
+        )
+        msg = (
+            f"export to {output}: none of the {published} {fmt} files its checkpoint "
+            f"{checkpoint} published is there any more (deleted, or the directory moved): "
+            f"move them back, or, to export the stream again from its start, delete {output} "
+            "and that checkpoint"
+        )
+        super().__init__(msg)
+
+
+def check_output_kept(output: Path, checkpoint: Path, formats: Sequence[str]) -> None:
+    """Refuse (`OutputGone`) to go on when none of a format's published files is left in
+    the output. Some of them gone is an operator's retention (old partitions removed), and
+    the export goes on; all of them gone is a moved or deleted output."""
+    published = ledger_totals(checkpoint).files
+    for fmt in formats:
+        mine = [f for f in published if f.split("/", 1)[0] == fmt]
+        if mine and not any((output / f).exists() for f in mine):
+            raise OutputGone(output, checkpoint, fmt, len(mine))
+
+
 def _written(path: Path) -> int:
     try:
         return path.stat().st_mtime_ns
@@ -236,6 +268,7 @@ def export(
         )
 
     with Checkpoint(root, identity) as checkpoint:
+        check_output_kept(output, checkpoint.root, spec.formats)
         record_export(spec)
         # Range rows: each task reads its range from the store and flattens it itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")

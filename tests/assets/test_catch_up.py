@@ -18,14 +18,16 @@ pytestmark = pytest.mark.spark
 STREAMING = ["network/cloud_mirror", "network/parquet_export", "network/csv_export"]
 
 
-def catch_up(settings, instance) -> dg.ExecuteInProcessResult:
+def catch_up(settings, instance, keys=STREAMING, **kwargs) -> dg.ExecuteInProcessResult:
+    """Materialize `keys` (the mirror and the exports) as a catch-up run does."""
     defs = build_definitions(settings)
-    selection = dg.AssetSelection.assets(*(dg.AssetKey.from_user_string(k) for k in STREAMING))
+    selection = dg.AssetSelection.assets(*(dg.AssetKey.from_user_string(k) for k in keys))
     return dg.materialize(
         [a for a in defs.assets if isinstance(a, dg.AssetsDefinition)],
         selection=selection,
         instance=instance,
         resources=build_resources(settings),
+        **kwargs,
     )
 
 

@@ -35,9 +35,9 @@ sys.path.insert(0, str(REPO))
 
 from results import Figure, Recorder  # noqa: E402  (benchmarks/results.py, beside this script)
 
-from collectors.failpoints import Failpoints  # noqa: E402
 from collectors.service import run_service  # noqa: E402
 from collectors.settings import load_settings  # noqa: E402
+from pipeline.failpoints import Failpoints  # noqa: E402
 from pipeline.streams import open_store  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

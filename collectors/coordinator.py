@@ -18,8 +18,8 @@ from typing import Literal
 from collectors.buffer import Buffer
 from collectors.buffer.schema import BufferedEvent, TxnRecord
 from collectors.errors import ConfigError
-from collectors.failpoints import Failpoints
 from collectors.settings import InstanceSettings, TxnProtocol
+from pipeline.failpoints import Failpoints
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound
 from pipeline.wording import counted
 

@@ -27,10 +27,10 @@ from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
 from collectors.buffer.schema import CursorState, PendingEvent
 from collectors.drivers.base import Driver
 from collectors.errors import BufferLocked, BufferOwned, BufferUnusable, CollectorError
-from collectors.failpoints import Failpoints
 from collectors.sender import Sender
 from collectors.settings import InstanceSettings
 from pipeline.config import FileModes
+from pipeline.failpoints import Failpoints
 from pipeline.streams import StreamStore, open_store
 
 log = logging.getLogger(__name__)

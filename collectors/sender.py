@@ -19,8 +19,8 @@ from collections.abc import Callable
 from collectors.buffer import Buffer
 from collectors.coordinator import TransactionCoordinator
 from collectors.errors import CollectorError
-from collectors.failpoints import Failpoints
 from collectors.settings import InstanceSettings
+from pipeline.failpoints import Failpoints
 from pipeline.streams import StreamStore, StreamStoreError, open_store
 
 log = logging.getLogger(__name__)

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from collectors.drivers.base import Driver
 from collectors.drivers.registry import find_spec
 from collectors.errors import CollectorError
-from collectors.failpoints import Failpoints
 from collectors.instance import Instance, prepare_directory
 from collectors.metrics import serve_metrics
 from collectors.settings import CollectorSettings, InstanceSettings
+from pipeline.failpoints import Failpoints
 from pipeline.streams import StreamStore, open_store
 from pipeline.wording import counted
 

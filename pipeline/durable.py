@@ -8,8 +8,10 @@ durable. Standard library only: the stream store and the edge collectors use it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -47,6 +49,36 @@ def make_dirs(path: Path) -> None:
     for directory in reversed(missing):
         directory.mkdir(exist_ok=True)
         fsync_dir(directory.parent)
+
+
+#: `staging_name`'s pattern: `.<name>.<pid>-<8 hex>.tmp`.
+_STAGING = re.compile(r"\..+\.(?P<pid>[0-9]+)-[0-9a-f]{8}\.tmp")
+
+
+def remove_abandoned(directory: Path) -> list[Path]:
+    """Remove the staging files (and directories) in `directory` whose writer process is
+    gone: what a writer killed before its rename left (`atomic_path`). A staging name whose
+    process still runs, or may (another user's, a pid now reused), is left alone. Only for
+    a directory whose writers run on this machine. Returns what was removed."""
+    removed = []
+    for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
+        found = _STAGING.fullmatch(entry.name)
+        if found is None or _running(int(found["pid"])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            _remove(entry)
+            removed.append(entry)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def staging_name(path: Path) -> Path:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -83,3 +85,22 @@ def test_make_dirs_creates_the_missing_parents_once_and_again(tmp_path, monkeypa
     synced.clear()
     durable.make_dirs(target)  # all there: nothing to create, nothing to sync
     assert synced == []
+
+
+def test_staging_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that ran and is gone
+    dead = durable.staging_name(tmp_path / "part-1.parquet")
+    dead = dead.with_name(dead.name.replace(f".{os.getpid()}-", f".{child.pid}-"))
+    dead.write_bytes(b"half a file")
+    dead_dir = tmp_path / f".state-2.{child.pid}-0badcafe.tmp"
+    (dead_dir / "inner").mkdir(parents=True)
+    mine = durable.staging_name(tmp_path / "part-2.parquet")  # this process: still writing
+    mine.write_bytes(b"being written")
+    keep = [tmp_path / "part-0.parquet", tmp_path / ".hidden.tmp", tmp_path / ".x.12-nothex.tmp"]
+    for path in keep:
+        path.write_bytes(b"not staging")
+
+    assert durable.remove_abandoned(tmp_path) == sorted([dead, dead_dir])
+    assert sorted(tmp_path.iterdir()) == sorted([mine, *keep])
+    assert durable.remove_abandoned(tmp_path / "missing") == []

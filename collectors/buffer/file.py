@@ -18,7 +18,7 @@ from pathlib import Path
 
 from collectors.buffer.schema import SCHEMA, SCHEMA_VERSION
 from collectors.errors import BufferNotWritable, BufferSchemaError, BufferUnusable
-from collectors.failpoints import Failpoints
+from pipeline.failpoints import Failpoints
 
 
 def connect(path: Path, file_mode: int = 0o600) -> sqlite3.Connection:

@@ -25,7 +25,7 @@ from collectors.buffer import status
 from collectors.buffer.file import BufferFile, WriteTurns
 from collectors.buffer.ledger import TxnLedger
 from collectors.buffer.schema import BufferedEvent, CursorState, PendingEvent
-from collectors.failpoints import Failpoints
+from pipeline.failpoints import Failpoints
 from pipeline.streams import MAX_EVENT_SIZE, EventTooLarge
 from pipeline.wording import counted
 

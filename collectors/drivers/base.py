@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from collectors.buffer import Appended, TxnHook
 from collectors.buffer.schema import CursorState, PendingEvent
-from collectors.failpoints import Failpoints
 from collectors.options import OptionsReader
+from pipeline.failpoints import Failpoints
 
 __all__ = [
     "Appended",

@@ -69,7 +69,7 @@ def _load(args: argparse.Namespace) -> CollectorSettings:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from collectors.failpoints import ENV_VAR, Failpoints
+    from collectors.failpoints import collector_failpoints
     from collectors.service import run_service
 
     if args.log_level is not None:
@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     elif log_level(args) is None:
         logging.getLogger().setLevel(logging.INFO)  # a service says what it does
     settings = _load(args)
-    return run_service(settings, Failpoints(os.environ.get(ENV_VAR)))
+    return run_service(settings, collector_failpoints())
 
 
 def _status(args: argparse.Namespace) -> int:

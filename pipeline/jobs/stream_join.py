@@ -8,7 +8,8 @@ fed batch by batch to a `StreamingJoin` (`pipeline/timejoin.py`). Delivery: **ex
 pairs** (batch N writes `part-<N>.parquet`, then saves the joiner's state under N). Order
 requirements and what is final when: `DESIGN.md`, "the streaming join". A checkpoint keeps
 the schema, time column and max gap its pairs were made with (`JoinParameters`): a run with
-others is refused, never mixed into the same output."""
+others is refused, never mixed into the same output. Tests SIGKILL the driver at the named
+points where a crash matters to exactly-once (`Failpoints`, `$SLUICE_TEST_JOIN_FAILPOINTS`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 
 from pipeline import durable
 from pipeline.errors import SluiceError
+from pipeline.failpoints import Failpoints
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
 from pipeline.jobs.runner import (
     SERVICE,
@@ -58,6 +60,13 @@ TIME_COLUMN = "TimestampNanos"
 #: What running the join again does after its disk refused a write (`OutputNotWritable`)
 RERUN = "the join is exactly-once, so its next run re-runs the batch and writes its pairs once"
 PARAMETERS_VERSION = 1
+#: `NAME[:HIT],…`: the driver SIGKILLs itself (and its process group, when it leads one) the
+#: HIT-th time it reaches NAME (`pipeline/failpoints.py`; a switch of the test suite)
+FAILPOINTS_ENV = "SLUICE_TEST_JOIN_FAILPOINTS"
+#: The points of a batch where a crash matters: half of its part file in staging (no footer
+#: yet), the part published and the joiner's state not saved, the state saved and the batch
+#: not yet committed by Spark.
+FAILPOINTS = ("join.in_part", "join.after_part", "join.after_state")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,9 +186,16 @@ def _series_rows(plan: FlattenPlan, events: pa.Table, time_column: str) -> pa.Ta
 
 
 def process_batch(
-    spec: StreamJoinSpec, plan: FlattenPlan, root: Path, batch_id: int, events: pa.Table
+    spec: StreamJoinSpec,
+    plan: FlattenPlan,
+    root: Path,
+    batch_id: int,
+    events: pa.Table,
+    *,
+    failpoints: Failpoints | None = None,
 ) -> int:
     """Feed one micro-batch to the joiner; write its final pairs; return how many."""
+    failpoints = failpoints or Failpoints()
     events = events.sort_by(
         [("stream", "ascending"), ("segment", "ascending"), ("offset", "ascending")]
     )
@@ -194,7 +210,8 @@ def process_batch(
         if not parts:
             return 0
         rows = pa.concat_tables(parts)
-        _publish(spec.output, batch_id, rows)
+        _publish(spec.output, batch_id, rows, failpoints)
+        failpoints.hit("join.after_part")
         return rows.num_rows
 
     gap = _gap_in_units(plan, spec)
@@ -206,22 +223,31 @@ def process_batch(
         save=lambda joiner, path: joiner.save(path),
     )
     # A batch done before a crash has its part file published already.
-    done = states.run(batch_id, step) or 0
+    done = states.run(batch_id, step)
     if not (root / "parameters.json").exists():
         durable.write_json(root / "parameters.json", asdict(JoinParameters.of(spec)))
-    return done
+    if done is not None:
+        failpoints.hit("join.after_state")
+    return done or 0
 
 
-def _publish(output: Path, batch_id: int, rows: pa.Table) -> None:
-    """Write a batch's part file; a disk that refuses it is `OutputNotWritable`, and the
-    batch's state is not saved, so the batch runs again."""
+def _publish(output: Path, batch_id: int, rows: pa.Table, failpoints: Failpoints) -> None:
+    """Write a batch's part file (staged, then renamed: a reader never sees a part of it); a
+    disk that refuses it is `OutputNotWritable`, and the batch's state is not saved, so the
+    batch runs again. Two row groups, with `join.in_part` between them: a crash there leaves
+    a staging file without a footer, as a crash in the middle of the write does."""
     import pyarrow.parquet as pq
 
+    half = rows.num_rows // 2
     with (
         refused_writes(output, RERUN),
         durable.atomic_path(output / f"part-{batch_id:012d}.parquet") as staging,
+        pq.ParquetWriter(staging, rows.schema, compression="zstd") as parquet,
     ):
-        pq.write_table(rows, staging, compression="zstd")
+        if half:
+            parquet.write_table(rows.slice(0, half))
+        failpoints.hit("join.in_part")
+        parquet.write_table(rows.slice(half))
 
 
 def check_spec(spec: StreamJoinSpec) -> FlattenPlan:
@@ -244,10 +270,10 @@ def check_spec(spec: StreamJoinSpec) -> FlattenPlan:
 
 
 def _foreach(
-    spec: StreamJoinSpec, plan: FlattenPlan, root: Path
+    spec: StreamJoinSpec, plan: FlattenPlan, root: Path, failpoints: Failpoints
 ) -> Callable[[DataFrame, int], None]:
     def run_batch(batch: DataFrame, batch_id: int) -> None:
-        process_batch(spec, plan, root, batch_id, batch.toArrow())
+        process_batch(spec, plan, root, batch_id, batch.toArrow(), failpoints=failpoints)
 
     return run_batch
 
@@ -257,9 +283,13 @@ def join_streams(
     spec: StreamJoinSpec,
     run: RunOptions,
     report: Callable[[BatchReport], None] = lambda _: None,
+    failpoints: Failpoints | None = None,
 ) -> JobSummary:
-    """Run the join job (see the module doc) until caught up or stopped."""
+    """Run the join job (see the module doc) until caught up or stopped; `failpoints`: those
+    of `$SLUICE_TEST_JOIN_FAILPOINTS` unless given."""
     plan = check_spec(spec)
+    if failpoints is None:
+        failpoints = Failpoints.from_environment(FAILPOINTS_ENV, known=FAILPOINTS, group=True)
     sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
         spec.right.routing_key
     )
@@ -267,11 +297,12 @@ def join_streams(
     root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
 
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
-        process = _foreach(spec, plan, checkpoint.root / "join")
+        process = _foreach(spec, plan, checkpoint.root / "join", failpoints)
         return events.writeStream.foreachBatch(process).queryName(f"join {sources}")
 
     with Checkpoint(root, identity) as checkpoint:
         check_parameters(checkpoint.root / "join", spec, _gap_in_units(plan, spec))
+        durable.remove_abandoned(spec.output)  # part files of a driver killed as it wrote
         streams = dict.fromkeys([spec.left.stream, spec.right.stream])
         inputs = [JobSource(spec.store, stream) for stream in streams]
         batches = run_query(spark, checkpoint, *inputs, run=run, sink=sink, report=report)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.failpoints import Failpoints
 from collectors.settings import CollectorSettings, load_settings
+from pipeline.failpoints import Failpoints
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from collectors.buffer import Buffer
 from collectors.buffer.schema import PendingEvent
 from collectors.coordinator import TransactionCoordinator
 from collectors.errors import ConfigError
-from collectors.failpoints import Failpoints
+from pipeline.failpoints import Failpoints
 from pipeline.streams import Transaction, TxnState, Unsupported, open_store
 from pipeline.streams.embedded import EmbeddedStore
 

@@ -21,8 +21,8 @@ from collectors.errors import (
     ConfigError,
     DriverError,
 )
-from collectors.failpoints import Failpoints
 from collectors.service import run_service
+from pipeline.failpoints import Failpoints
 from pipeline.streams import StoreUnavailable
 from tests.disks import small_disk
 

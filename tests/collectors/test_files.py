@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from collectors.buffer import Buffer
-from collectors.failpoints import Failpoints
 from collectors.instance import InstanceContext
 from collectors.service import create_driver
+from pipeline.failpoints import Failpoints
 
 from .conftest import read_payloads, wait_for
 

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from collectors.buffer import Buffer
-from collectors.failpoints import Failpoints
+from pipeline.failpoints import Failpoints
 
 from .conftest import (
     REPO,

@@ -18,10 +18,10 @@ from collectors.batch import ColumnBatch
 from collectors.buffer import Buffer
 from collectors.drivers.nic import NicDriver
 from collectors.errors import ConfigError, DriverError
-from collectors.failpoints import Failpoints
 from collectors.instance import InstanceContext
 from collectors.pacing import Pacer
 from collectors.service import create_driver
+from pipeline.failpoints import Failpoints
 
 from .conftest import read_payloads, samplers, wait_for
 

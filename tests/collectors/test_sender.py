@@ -6,8 +6,8 @@ import threading
 
 from collectors.buffer import Buffer
 from collectors.buffer.schema import PendingEvent
-from collectors.failpoints import Failpoints
 from collectors.sender import Sender
+from pipeline.failpoints import Failpoints
 from pipeline.streams import open_store
 
 STREAM = "site/samples"

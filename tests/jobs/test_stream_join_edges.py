@@ -1,5 +1,5 @@
-"""`sluice run join` at its edges: a checkpoint run again with other join parameters, and a
-max gap too large for the time column's unit."""
+"""`sluice run join` at its edges: a checkpoint run again with other join parameters, a max
+gap too large for the time column's unit, and the spec of its kill-test failpoints."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import re
 import pytest
 
 from pipeline import cli
-from pipeline.jobs.stream_join import JoinParametersChanged, process_batch
+from pipeline.failpoints import BadFailpoints, Failpoints
+from pipeline.jobs.stream_join import (
+    FAILPOINTS,
+    FAILPOINTS_ENV,
+    JoinParametersChanged,
+    process_batch,
+)
 from tests.jobs.test_bookmark import events_table
 from tests.jobs.test_stream_join import (
     PLAN,
@@ -86,3 +92,28 @@ def test_sluice_run_join_refuses_other_parameters_on_its_checkpoint(
     )
     assert "Traceback" not in err
     assert {p.name: p.read_bytes() for p in out.glob("part-*")} == before
+
+
+def test_failpoints_name_the_join_s_points_and_their_hit(monkeypatch):
+    monkeypatch.setenv(FAILPOINTS_ENV, " join.in_part:2, join.after_state ")
+    points = Failpoints.from_environment(FAILPOINTS_ENV, known=FAILPOINTS)
+    assert points.remaining == {"join.in_part": 2, "join.after_state": 1}
+    monkeypatch.delenv(FAILPOINTS_ENV)
+    assert not Failpoints.from_environment(FAILPOINTS_ENV, known=FAILPOINTS).armed
+    points = Failpoints("join.after_part:3", known=FAILPOINTS)
+    points.hit("join.after_part")  # the 3rd hit kills, not this one
+    assert points.remaining == {"join.after_part": 2}
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("join.nowhere", "names no point of join.in_part, join.after_part, join.after_state"),
+        ("join.in_part:0", "needs a hit count of 1 or more"),
+        ("join.in_part:x", "needs a hit count of 1 or more"),
+    ],
+)
+def test_a_failpoint_spec_that_names_no_point_is_refused(spec, reason):
+    said = f"{FAILPOINTS_ENV}: failpoint {spec!r} {reason}; use NAME or NAME:HIT"
+    with pytest.raises(BadFailpoints, match=re.escape(said)):
+        Failpoints(spec, variable=FAILPOINTS_ENV, known=FAILPOINTS)

@@ -10,11 +10,10 @@ imports no more than the collector itself, so a restart costs a fraction of a se
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
-from collectors.failpoints import ENV_VAR, Failpoints
+from collectors.failpoints import collector_failpoints
 from collectors.service import run_service
 from collectors.settings import load_settings
 
@@ -23,7 +22,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     path = Path(sys.argv[1])
     settings = load_settings(path, {}, "embedded:/unused", path.parent / "home")
-    return run_service(settings, Failpoints(os.environ.get(ENV_VAR)))
+    return run_service(settings, collector_failpoints())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 sequence number is in the stream exactly once, in order. Under each transaction protocol
 (`coordinator.py`): the flush protocol over a hundred times, the commit protocol forty.
 
-Kills come two ways: a timer (anywhere at all), and failpoints (`collectors/failpoints.py`)
+Kills come two ways: a timer (anywhere at all), and failpoints (`pipeline/failpoints.py`)
 that make the process SIGKILL itself at a chosen step of the protocol, among them inside the
 SQLite transaction that records a flushed stream transaction (flush) or a begun one with its
 batch (commit), and between that and the stream commit. Every failpoint of the protocol is

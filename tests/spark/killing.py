@@ -10,10 +10,14 @@ random moment after the first batch was reported (in the middle of later batches
 writing transactions or files, recording the intent, committing, marking done). Both windows
 are learned from the lives so far (`Aim`), so that a kill lands inside a life instead of after
 its end: a life that finishes before its kill point is a whole driver run that kills nothing.
+
+A job with named crash points (the streaming join's `SLUICE_TEST_JOIN_FAILPOINTS`) kills itself
+there instead: `died_at_failpoint` waits for that and sweeps up the rest of its process group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -181,3 +185,18 @@ def kill_loop(
             msg = f"only {killed} of {lives} lives could be killed: the job ends too fast"
             raise AssertionError(msg)
     return killed
+
+
+def died_at_failpoint(life: Life, name: str, timeout: float = 180) -> bool:
+    """Wait for the driver to SIGKILL itself at the failpoint `name` (it says `failpoint NAME:
+    SIGKILL` first), then SIGKILL whatever is left of its process group. False if the driver
+    ended another way, or was still running after `timeout` s (it is killed then)."""
+    try:
+        code = life.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill(life)
+        return False
+    with contextlib.suppress(ProcessLookupError):  # the driver took its group with it
+        os.killpg(life.proc.pid, signal.SIGKILL)
+    time.sleep(0.1)  # let the pump thread take the last lines
+    return code == -signal.SIGKILL and f"failpoint {name}: SIGKILL" in "".join(life.stderr)

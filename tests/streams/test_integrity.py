@@ -87,6 +87,27 @@ def test_a_flipped_payload_byte_is_never_served(store, store_dir):
         reader.read(1000)
 
 
+def test_a_large_block_read_in_pieces_is_checked_again_at_every_read(store, store_dir):
+    """The frames of a block of many events are parsed once and kept for the next read of a
+    few of its events; each read still verifies the block's bytes: damage done in between is
+    found, never served from what an earlier read parsed."""
+    store.create_stream("d/big")
+    written = write_blocks(store, "d/big", blocks=2, per_block=300)
+    events = list(store.read("d/big"))
+    cut = {i: StreamCut.of("d", "big", {0: events[i].offset}) for i in (10, 20, 310, 320)}
+    for _ in range(2):  # the second time from the frames the first time parsed
+        assert payloads(store.read("d/big", cut[10], cut[20])) == written[10:20]
+        assert payloads(store.read("d/big", cut[310], cut[320])) == written[310:320]
+        assert [len(b) for b in store.read_batches("d/big", cut[10], cut[20])] == [10]
+
+    flip(segment_path(store_dir, "d/big", 0), events[250].offset + 20)  # outside either slice
+    with pytest.raises(Corrupted, match=re.escape("checksum mismatch")):
+        list(store.read("d/big", cut[10], cut[20]))
+    with pytest.raises(Corrupted, match=re.escape("checksum mismatch")):
+        list(store.read_batches("d/big", cut[10], cut[20]))
+    assert payloads(store.read("d/big", cut[310], cut[320])) == written[310:320]
+
+
 def test_a_damaged_frame_length_raises_corrupted_not_struct_error(store, store_dir):
     store.create_stream("d/frame")
     write_blocks(store, "d/frame", blocks=2)

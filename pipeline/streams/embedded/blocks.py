@@ -260,7 +260,7 @@ def parse_frames(body: bytes | memoryview, header: BlockHeader) -> list[Frame]:
     pos, base, count, size = 0, header.body_offset, header.events, len(body)
     unpack, fixed = EVENT.unpack_from, EVENT.size  # `frame_at`, unrolled: this runs per event
     frames: list[Frame] = []
-    raw_key, decoded = b"", ""  # the last key: a block's events often share one
+    keys: dict[bytes, str] = {}  # each key decoded once: a block's events share a few
     for i in range(count):
         if pos + fixed > size:
             raise BadBlock(base + pos, "an event frame is cut short")
@@ -272,13 +272,13 @@ def parse_frames(body: bytes | memoryview, header: BlockHeader) -> list[Frame]:
             if at + key_len > size:
                 raise BadBlock(base + pos, "a routing key runs past its block")
             raw = bytes(body[at : at + key_len])
-            if raw != raw_key:
+            key = keys.get(raw)
+            if key is None:
                 try:
-                    decoded = raw.decode()
+                    key = keys[raw] = raw.decode()
                 except UnicodeDecodeError:
                     raise BadBlock(base + pos, "a routing key is not UTF-8") from None
-                raw_key = raw
-            key, at = decoded, at + key_len
+            at += key_len
         end = at + payload_len
         if end > size:
             raise BadBlock(base + pos, f"event {i + 1} of {count} runs past its block")

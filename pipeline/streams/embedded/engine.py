@@ -42,7 +42,13 @@ from pipeline.streams.embedded.manifest import (
     stream_dir,
     write_manifest,
 )
-from pipeline.streams.embedded.reading import BlockReader, Buffers, Reading, read_events
+from pipeline.streams.embedded.reading import (
+    BlockReader,
+    Buffers,
+    ParsedFrames,
+    Reading,
+    read_events,
+)
 from pipeline.streams.embedded.routing import SegmentRange
 from pipeline.streams.embedded.segment import SegmentFile
 from pipeline.streams.errors import (
@@ -111,6 +117,7 @@ class Engine:
         self._files: dict[tuple[int, int], SegmentFile] = {}
         self._opened: set[int] = set()
         self.read_buffers = Buffers()  # shared by every read of this store (reading.py)
+        self.parsed_frames = ParsedFrames()  # of large blocks, as `read_buffers`
         self.open_catalog()
 
     def open_catalog(self, *, rebuilding: bool = False) -> None:
@@ -561,7 +568,7 @@ class Engine:
         if block is None or block.offset == offset:
             return  # a block start, the tail, or the start of an empty segment
         try:
-            frames = BlockReader(self.segment_file(row, segment)).block(block)
+            frames = self.block_reader(row, segment).block(block)
         except BadBlock as bad:
             raise self.corrupted(row, segment, bad) from None
         if any(frame[0] == offset for frame in frames):
@@ -573,6 +580,10 @@ class Engine:
         raise InvalidCut(text=f"{segment}-{offset}", reason=msg)
 
     # --- reading ------------------------------------------------------------------------
+    def block_reader(self, row: StreamRow, segment: int) -> BlockReader:
+        """A reader of the segment's blocks, with this store's buffers and parsed frames."""
+        return BlockReader(self.segment_file(row, segment), self.read_buffers, self.parsed_frames)
+
     def read_segment(
         self,
         row: StreamRow,
@@ -613,7 +624,7 @@ class Engine:
         self.check_boundary(row, segment, start)
         self.check_boundary(row, segment, end)
         blocks = self.blocks(row, segment, start, end)
-        reader = BlockReader(self.segment_file(row, segment), self.read_buffers)
+        reader = self.block_reader(row, segment)
         try:
             yield from reading(reader, row.qualified, segment, blocks, start=start, end=end)
         except BadBlock as bad:

@@ -12,10 +12,13 @@ before it. `read_events` copies each payload into its own bytes;
 
 from __future__ import annotations
 
+import bisect
 import mmap
+import operator
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 
@@ -50,11 +53,24 @@ Checked = tuple[BlockRow, bytes, list[Frame]]
 
 class BlockReader:
     """Reads and checks blocks of one segment file, through run buffers reused from run to run
-    (`Buffers`, shared by the reads of one store)."""
+    (`Buffers`) and the frames of large blocks parsed before (`ParsedFrames`), both shared by
+    the reads of one store."""
 
-    def __init__(self, segfile: SegmentFile, buffers: Buffers | None = None) -> None:
+    def __init__(
+        self,
+        segfile: SegmentFile,
+        buffers: Buffers | None = None,
+        parsed: ParsedFrames | None = None,
+    ) -> None:
         self.segfile = segfile
         self.buffers = buffers if buffers is not None else Buffers()
+        self.parsed = parsed
+
+    def frames(self, header: BlockHeader, body: memoryview) -> list[Frame]:
+        """The frames of a block whose checksum this read has just verified."""
+        if self.parsed is None:
+            return parse_frames(body, header)
+        return self.parsed.frames(self.segfile, header, body)
 
     def block(self, row: BlockRow) -> list[Frame]:
         """The frames of one block, checked whole (`BadBlock` if it is damaged)."""
@@ -165,6 +181,46 @@ class Buffers:
             return buf
 
 
+class ParsedFrames:
+    """The frames of recently read large blocks, so that reading a few events of a block of
+    thousands (a slice's count, a cut's boundary check, a reader group's next poll) does not
+    parse every frame of it again each time.
+
+    An entry is keyed by the segment file, the block's offset and its stored checksum, and is
+    used only after this read has verified the block's checksum over the bytes it just read:
+    the frames are a function of those bytes, so a block that changed since (damaged, or a
+    new block written at that offset after a repair) never meets the frames of the old one.
+    Small blocks are parsed again (it costs less than keeping them); at most `MAX_FRAMES`
+    frames are kept, the least recently used block leaving first."""
+
+    MIN_EVENTS = 64
+    MAX_FRAMES = 1 << 18
+
+    def __init__(self) -> None:
+        self._blocks: OrderedDict[tuple[str, int, int, int], list[Frame]] = OrderedDict()
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    def frames(self, segfile: SegmentFile, header: BlockHeader, body: memoryview) -> list[Frame]:
+        if header.events < self.MIN_EVENTS:
+            return parse_frames(body, header)
+        key = (str(segfile.path), header.offset, header.crc, header.body_len)
+        with self._lock:
+            found = self._blocks.get(key)
+            if found is not None:
+                self._blocks.move_to_end(key)
+                return found
+        frames = parse_frames(body, header)
+        with self._lock:
+            if key not in self._blocks:
+                self._blocks[key] = frames
+                self._kept += len(frames)
+            while self._kept > self.MAX_FRAMES and len(self._blocks) > 1:
+                _, dropped = self._blocks.popitem(last=False)
+                self._kept -= len(dropped)
+        return frames
+
+
 @dataclass(slots=True)
 class CheckedRun:
     """Contiguous blocks read with one `pread` and checked: `data` holds them (a read-only view
@@ -211,7 +267,7 @@ def check_run(reader: BlockReader, rows: list[BlockRow]) -> CheckedRun:
     for row in rows:
         try:
             header, body = _checked(view, pos, row)
-            frames = parse_frames(body, header)
+            frames = reader.frames(header, body)
         except BadBlock as bad:
             return CheckedRun(view, blocks, bad)
         blocks.append((row, pos + header.body_offset - row.offset, frames))
@@ -263,10 +319,9 @@ def read_events(
             whole = isinstance(data, bytes)  # a lone large event's payload: not copied
             for row, base, frames in run.blocks:
                 ns = row.ingest_ns
-                for off, end_off, key, at, until in frames:
-                    if start <= off and end_off <= end:
-                        payload = data if whole else bytes(data[base + at : base + until])
-                        yield _event(stream, segment, off, end_off, key, payload, ns)
+                for off, end_off, key, at, until in _inside(row, frames, start, end):
+                    payload = data if whole else bytes(data[base + at : base + until])
+                    yield _event(stream, segment, off, end_off, key, payload, ns)
             del data
             run.release()
             if run.damage is not None:
@@ -292,9 +347,7 @@ def _batch(run: CheckedRun, stream: str, segment: int, start: int, end: int) -> 
     columns: tuple[list, ...] = ([], [], [], [], [], [])
     offsets, ends, keys, starts, stops, times = columns
     for row, base, frames in run.blocks:
-        inside = frames
-        if row.offset < start or row.end > end:  # a cut inside the block
-            inside = [f for f in frames if start <= f[0] and f[1] <= end]
+        inside = _inside(row, frames, start, end)
         offsets += [f[0] for f in inside]
         ends += [f[1] for f in inside]
         keys += [f[2] for f in inside]
@@ -303,6 +356,17 @@ def _batch(run: CheckedRun, stream: str, segment: int, start: int, end: int) -> 
         times += [row.ingest_ns] * len(inside)
     return EventBatch(stream, segment, run.data, offsets, ends, keys, starts, stops, times)
 
+
+def _inside(row: BlockRow, frames: list[Frame], start: int, end: int) -> list[Frame]:
+    """The frames of the block `row` that lie in [start, end) (found by bisection: a few
+    events of a block of thousands are read without a look at the others)."""
+    if start <= row.offset and row.end <= end:
+        return frames
+    first = bisect.bisect_left(frames, start, key=_OFFSET)
+    return frames[first : bisect.bisect_right(frames, end, lo=first, key=_END)]
+
+
+_OFFSET, _END = operator.itemgetter(0), operator.itemgetter(1)
 
 #: `read_events` or `read_batches`: what a range read hands out.
 Reading = Callable[..., Iterator]

@@ -2,7 +2,7 @@
 
 Every streaming job runs through `run_query` on its checkpoint: until caught up
 (`--available-now`) or continuously, from `--from` on its first start and from the
-checkpoint after, with one `BatchReport` per batch. A `foreachBatch` job keeps its state
+checkpoint after, with one `BatchReport` per batch (`reports.py`). A `foreachBatch` job keeps its state
 between batches with `BatchStates`. A job's spec gives its own command line through
 `sluice_run` and `RunOptions.flags()`. A run until caught up that finds nothing to do
 (`caught_up`: the checkpoint settled at every source's tail) returns before Spark starts, so a
@@ -10,9 +10,7 @@ job takes a session or a function that makes one. The shape of a job: `DESIGN.md
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -34,11 +32,11 @@ from pipeline.jobs.in_process import (
     is_retryable,
     run_in_process,
 )
+from pipeline.jobs.reports import BatchReport, batch_counts, collect_reports, failure_reason
 from pipeline.jobs.stopping import StopGate, StopRequest
 from pipeline.jobs.truncation import truncated_reason, truncation_of
 from pipeline.outputs import OutputNotWritable
 from pipeline.spark.errors import OptionError
-from pipeline.spark.ledger import BatchLedger
 from pipeline.spark.options import cut_option
 from pipeline.spark.session import default_parallelism
 from pipeline.streams import StreamCut, StreamStoreError, Truncated, open_store, parse_stream
@@ -120,34 +118,6 @@ def flag_number(value: float) -> str:
 def sluice_run(store: str, job: str, job_flags: list[str], run: RunOptions) -> list[str]:
     """The argv of `sluice --store STORE run JOB …`: a spec's flags, then the run's."""
     return ["sluice", "--store", store, "run", job, *job_flags, *run.flags()]
-
-
-@dataclass(frozen=True, slots=True)
-class BatchReport:
-    """What one micro-batch did."""
-
-    job: str
-    batch_id: int
-    start_cut: str | None
-    end_cut: str | None
-    events: int
-    rows: int
-    quarantined: int
-    lag_bytes: int | None
-    duration_ms: int
-    #: False for a small backlog run in the job's own process (`in_process.py`)
-    spark: bool = True
-
-    def line(self) -> str:
-        lag = "?" if self.lag_bytes is None else f"{self.lag_bytes} B"
-        events = f"{self.events} event{'s' if self.events != 1 else ''}"
-        rows = f"{self.rows} row{'s' if self.rows != 1 else ''}"
-        where = "" if self.spark else " (in this process, no Spark)"
-        return (
-            f"{self.job} batch {self.batch_id}{where}: {events}, {rows}, "
-            f"{self.quarantined} quarantined, lag {lag}, {self.duration_ms} ms, "
-            f"cuts {self.start_cut or 'start'} .. {self.end_cut}"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +411,8 @@ def _in_process(
         raise JobFailed(job, str(exc)) from exc
     if result is None:
         return None
-    events, rows, quarantined = _counts(checkpoint.ledger_path, result.batch_id, result.input_rows)
+    counts = batch_counts(checkpoint.ledger_path, result.batch_id, result.input_rows)
+    events, rows, quarantined = counts
     return BatchReport(
         job=job,
         batch_id=result.batch_id,
@@ -533,103 +504,13 @@ def await_query(
     started = time.monotonic()
     try:
         while not query.awaitTermination(0.5):
-            _collect(job, query, (ledger, first_start), seen, report)
+            collect_reports(job, query, (ledger, first_start), seen, report)
             if run.stop_after_seconds and time.monotonic() - started > run.stop_after_seconds:
                 stop.ask(f"{flag_number(run.stop_after_seconds)} s are up")
             stop.act(query)
     except KeyboardInterrupt:
         query.stop()
     except Exception as exc:  # StreamingQueryException: the query died
-        raise JobFailed(job, _first_line(exc)) from exc
-    _collect(job, query, (ledger, first_start), seen, report)
+        raise JobFailed(job, failure_reason(exc)) from exc
+    collect_reports(job, query, (ledger, first_start), seen, report)
     return tuple(seen[k] for k in sorted(seen))
-
-
-_QUALIFIED = re.compile(r"^(?P<module>(?:[a-z_]\w*\.)+)(?P<cls>[A-Z]\w*): (?P<msg>.+)$")
-_BUILTIN = re.compile(r"^(?P<cls>\w+(?:Error|Exception)): (?P<msg>.+)$")
-
-
-def _first_line(exc: BaseException) -> str:
-    """The Python error inside Spark's wrapping: a Sluice error's own message if there is one."""
-    lines = [line.strip() for line in str(exc).splitlines()]
-    qualified = [m for line in lines if (m := _QUALIFIED.match(line))]
-    ours = [m for m in qualified if m.group("module").startswith("pipeline.")]
-    if ours:
-        return ours[-1].group("msg")
-    found = qualified or [m for line in lines if (m := _BUILTIN.match(line))]
-    if found:
-        return f"{found[-1].group('cls')}: {found[-1].group('msg')}"
-    return lines[0] if lines else type(exc).__name__
-
-
-def _collect(
-    job: str,
-    query: StreamingQuery,
-    context: tuple[Path | None, str | None],
-    seen: dict[int, BatchReport],
-    report: Callable[[BatchReport], None],
-) -> None:
-    ledger, first_start = context
-    for progress in query.recentProgress:
-        batch_id = int(progress["batchId"])
-        if batch_id in seen or not progress["sources"]:
-            continue
-        source = progress["sources"][0]
-        start, end = _cut(source.get("startOffset")), _cut(source.get("endOffset"))
-        if start is not None and start == end:
-            continue  # an idle trigger: no batch ran
-        start = start or first_start
-        events, rows, quarantined = _counts(ledger, batch_id, _input_rows(progress))
-        done = BatchReport(
-            job=job,
-            batch_id=batch_id,
-            start_cut=start,
-            end_cut=end,
-            events=events,
-            rows=rows,
-            quarantined=quarantined,
-            lag_bytes=_lag(end, _cut(source.get("latestOffset"))),
-            duration_ms=int(progress["batchDuration"]),
-        )
-        seen[batch_id] = done
-        report(done)
-
-
-def _counts(ledger: Path | None, batch_id: int, input_rows: int) -> tuple[int, int, int]:
-    """A batch's events, rows and quarantined events: from the sink's ledger when it has
-    them, else its input rows (a sink that reads the store itself, as the export, gets range
-    rows: its ledger counts the events)."""
-    stats = _ledger_stats(ledger, batch_id)
-    events = int(stats["events"]) if "events" in stats else input_rows
-    return events, int(stats.get("rows", events)), int(stats.get("quarantined", 0))
-
-
-def _input_rows(progress: Any) -> int:
-    """A batch's input rows. Spark Connect's progress leaves the total out (`null`): it is
-    then the sum of its sources' (as pyspark's own `numInputRows` property sums them)."""
-    total = progress["numInputRows"]
-    if total is None:
-        total = sum(int(source.get("numInputRows") or 0) for source in progress["sources"])
-    return int(total)
-
-
-def _cut(offset: Any) -> str | None:
-    if offset is None:
-        return None
-    if isinstance(offset, str):
-        offset = json.loads(offset)
-    return offset.get("cut") if isinstance(offset, dict) else None
-
-
-def _lag(end: str | None, latest: str | None) -> int | None:
-    if end is None or latest is None:
-        return None
-    return StreamCut.parse(end).bytes_until(StreamCut.parse(latest))
-
-
-def _ledger_stats(ledger: Path | None, batch_id: int) -> dict[str, Any]:
-    if ledger is None or not ledger.exists():
-        return {}
-    with BatchLedger(ledger) as opened:
-        record = opened.get(batch_id)
-    return dict(record.stats or {}) if record is not None else {}

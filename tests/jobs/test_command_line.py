@@ -125,7 +125,7 @@ def test_two_burst_conditions_have_no_command_line():
 def test_a_batch_without_the_total_input_rows_counts_its_sources():
     """Spark Connect's progress JSON has `"numInputRows": null` at the top: the batch report
     sums the sources' (a bookmark run through the warm Spark failed on it)."""
-    from pipeline.jobs.runner import _input_rows
+    from pipeline.jobs.reports import _input_rows
 
     connect = {"numInputRows": None, "sources": [{"numInputRows": 40}, {"numInputRows": 2}]}
     assert _input_rows(connect) == 42

@@ -18,6 +18,7 @@ import duckdb
 
 from assets.catch_up import FamilyJobs
 from assets.keys import export_checks_op, export_key, mirror_key
+from pipeline.analytics.sources import glob_escaped
 from pipeline.jobs.checkpoint import committed_progress
 from pipeline.settings import ChecksTable, StreamFamily
 from resources.stores import StreamStoresResource
@@ -26,17 +27,17 @@ NS = 1_000_000_000
 
 
 def parquet_glob(output: Path) -> str | None:
+    """The DuckDB pattern of the export's Parquet files (None before the first), its
+    directory's own `[`, `*` and `?` escaped so that it reads that directory only."""
     folder = output / "parquet"
-    return (
-        str(folder / "date=*/hour=*/*.parquet")
-        if any(folder.glob("date=*/hour=*/*.parquet"))
-        else None
-    )
+    found = any(folder.glob("date=*/hour=*/*.parquet"))
+    return f"{glob_escaped(folder)}/date=*/hour=*/*.parquet" if found else None
 
 
 def quarantine_glob(output: Path) -> str | None:
     folder = output / "_quarantine"
-    return str(folder / "**/*.parquet") if any(folder.glob("**/*.parquet")) else None
+    found = any(folder.glob("**/*.parquet"))
+    return f"{glob_escaped(folder)}/**/*.parquet" if found else None
 
 
 def _ident(name: str) -> str:

@@ -38,6 +38,7 @@ from pipeline.analytics.sources import (
     AnalyticsPaths,
     ExportSource,
     UnreadableExportFiles,
+    check_database,
     unreadable_files,
 )
 
@@ -98,6 +99,10 @@ class _Builder:
 
     def path(self, stored: str) -> str:
         return f"sluice_path({sql_str(stored)})"
+
+    def glob(self, path: Path | str, files: str = "") -> str:
+        """What a view reads: `files` under `path`, or the file `path` (`paths.pattern`)."""
+        return f"sluice_glob({sql_str(self.paths.pattern(path, files))})"
 
     def columns(self, sql: str) -> list[str]:
         return [row[0] for row in self.con.execute(f"DESCRIBE {sql}").fetchall()]
@@ -162,7 +167,7 @@ def _add_export(b: _Builder, source: ExportSource) -> tuple[str, str | None]:
     files = source.parquet_files()
     b.sources.append(_Source("export", source.name, stored, files))
     reading = (
-        f"read_parquet({b.path(f'{stored}/{PARTITIONS}')}, hive_partitioning = true, "
+        f"read_parquet({b.glob(source.parquet_root, PARTITIONS)}, hive_partitioning = true, "
         "union_by_name = true)"
     )
     columns = _columns_of(b, source, source.parquet_root, PARTITIONS, reading) if files else []
@@ -225,7 +230,8 @@ def _add_quarantine(b: _Builder, source: ExportSource) -> None:
     stored = b.paths.stored(source.quarantine_root)
     files = source.quarantine_files()
     b.sources.append(_Source("quarantine", source.name, stored, files))
-    reading = f"read_parquet({b.path(f'{stored}/**/*.parquet')}, union_by_name = true)"
+    files_read = b.glob(source.quarantine_root, "**/*.parquet")
+    reading = f"read_parquet({files_read}, union_by_name = true)"
     if not files:
         reading = f"({_empty(_typed(QUARANTINE_SCHEMA))})"
     columns = _columns_of(b, source, source.quarantine_root, "**/*.parquet", reading)
@@ -277,7 +283,7 @@ def _add_rates(b: _Builder) -> None:
     columns and their types."""
     parts = []
     for source, update in b.rates:
-        files = "[" + ", ".join(b.path(b.paths.stored(f)) for f in update.files) + "]"
+        files = "[" + ", ".join(b.glob(f) for f in update.files) + "]"
         name, stream = sql_str(source.name), sql_str(source.stream or "")
         parts.append(
             f"SELECT * REPLACE ({name} AS export, {stream} AS stream) FROM read_parquet({files})"
@@ -301,11 +307,10 @@ def _add_quarantine_union(b: _Builder, sources: list[ExportSource]) -> None:
 
 def _add_snapshots(b: _Builder) -> None:
     slices = b.paths.stored(b.paths.slices_snapshot)
-    lineage = b.paths.stored(b.paths.lineage_snapshot)
     b.sources.append(_Source("snapshot", "slices", str(Path(slices).parent), 1))
     b.add(
         "slices",
-        f"SELECT * FROM read_parquet({b.path(slices)})",
+        f"SELECT * FROM read_parquet({b.glob(b.paths.slices_snapshot)})",
         comments.VIEWS["slices"],
         comments.SLICES,
     )
@@ -316,7 +321,7 @@ def _add_snapshots(b: _Builder) -> None:
         "input_events, input_rows, quarantined_events, output_rows, "
         "sluice_path(output_dir) AS output_dir, sluice_path(results_file) AS results_path, "
         "sluice_path(metrics_file) AS metrics_path, results_current, version "
-        f"FROM read_parquet({b.path(lineage)})",
+        f"FROM read_parquet({b.glob(b.paths.lineage_snapshot)})",
         comments.VIEWS["lineage"],
         comments.LINEAGE,
     )
@@ -351,7 +356,7 @@ def _add_replays(b: _Builder, lineage: list[dict]) -> None:
         sql = _empty({**typed, "params_hash": "VARCHAR", "time": "TIMESTAMPTZ"})
         b.add("replays", sql, comments.VIEWS["replays"], comments.REPLAYS)
         return
-    listed = "[" + ", ".join(b.path(f) for f in files) + "]"
+    listed = "[" + ", ".join(b.glob(b.paths.resolve(f)) for f in files) + "]"
     reading = f"read_parquet({listed}, union_by_name = true, filename = true)"
     columns = b.columns(f"SELECT * FROM {reading}")
     times = []
@@ -385,11 +390,21 @@ def _add_sources(b: _Builder, now: datetime) -> None:
     b.add("sources", sql, comments.VIEWS["sources"], comments.SOURCES)
 
 
-def _path_macro(home: Path) -> str:
-    return (
-        "CREATE OR REPLACE MACRO sluice_path(p) AS CASE WHEN starts_with(p, '/') THEN p "
-        f"ELSE coalesce(getvariable('sluice_home'), {sql_str(home.absolute())}) || '/' || p END"
-    )
+def _path_macros(home: Path, temporary: bool = False) -> list[str]:
+    """`sluice_path(p)`: a stored path (`AnalyticsPaths.stored`) as the file it names, under
+    `getvariable('sluice_home')`, else the home of the refresh; `sluice_glob(p)`: a stored
+    pattern (`AnalyticsPaths.pattern`) as the glob a view reads, the home's own `[`, `*`, `?`
+    escaped like the rest of the path (`glob_escaped`), so that a home named `data[1]` or
+    `a*b` reads itself and nothing else. A home given with a trailing slash is the same home."""
+    create = "CREATE OR REPLACE TEMP MACRO" if temporary else "CREATE OR REPLACE MACRO"
+    home_now = f"rtrim(coalesce(getvariable('sluice_home'), {sql_str(home.absolute())}), '/')"
+    escaped = f"regexp_replace({home_now}, '([\\[*?])', '[\\1]', 'g')"
+    return [
+        f"{create} sluice_path(p) AS CASE WHEN starts_with(p, '/') THEN p "
+        f"ELSE {home_now} || '/' || p END",
+        f"{create} sluice_glob(p) AS CASE WHEN starts_with(p, '/') THEN p "
+        f"ELSE {escaped} || '/' || p END",
+    ]
 
 
 def _open_for_writing(database: Path) -> duckdb.DuckDBPyConnection:
@@ -460,7 +475,9 @@ def refresh(
 
     The views are first made as temporary views, which checks every one of them; the file's
     views are then replaced in one transaction, so a failed refresh leaves them as they were
-    (rates files they read are removed only after that transaction)."""
+    (rates files they read are removed only after that transaction). A database path DuckDB
+    cannot write is refused before anything is written (`check_database`)."""
+    check_database(paths.database)
     try:
         if not paths.slices_snapshot.exists():
             snapshot_slices(paths, [])
@@ -473,7 +490,8 @@ def refresh(
         raise AnalyticsError(msg, reason or str(exc)) from None
     try:
         con.execute(f"SET VARIABLE sluice_home = {sql_str(paths.home.absolute())}")
-        con.execute(_path_macro(paths.home).replace("MACRO", "TEMP MACRO", 1))
+        for macro in _path_macros(paths.home, temporary=True):
+            con.execute(macro)
         builder = _Builder(paths, con, log=log)
         _build(builder, exports, lineage)
         _commit(con, paths, builder.views)
@@ -497,7 +515,8 @@ def _commit(con: duckdb.DuckDBPyConnection, paths: AnalyticsPaths, views: dict) 
     for (name,) in stale:
         if name not in views:
             con.execute(f"DROP VIEW {ident(name)}")
-    con.execute(_path_macro(paths.home))
+    for macro in _path_macros(paths.home):
+        con.execute(macro)
     con.execute(f"CREATE OR REPLACE MACRO sluice_catalog_version() AS {CATALOG_VERSION}")
     for name, view in views.items():
         con.execute(f"DROP VIEW IF EXISTS temp.{ident(name)}")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 from pipeline import durable
 from pipeline.analytics.rates import KEY, NIC_COLUMNS, rates_sql
-from pipeline.analytics.sources import PARTITIONS
+from pipeline.analytics.sources import PARTITIONS, glob_escaped
 
 if TYPE_CHECKING:
     import duckdb
@@ -85,8 +85,13 @@ def _sql_str(value: object) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+def _read(path: Path) -> str:
+    """`path` as `read_parquet` must be given it: a pattern matching only itself."""
+    return _sql_str(glob_escaped(path))
+
+
 def _listed(files: list[Path]) -> str:
-    return "[" + ", ".join(_sql_str(f) for f in files) + "]"
+    return "[" + ", ".join(_read(f) for f in files) + "]"
 
 
 def _rates_file(directory: Path, number: int) -> Path:
@@ -323,7 +328,7 @@ class RatesTable:
         rows = f"SELECT false AS carried, * FROM ({self._rows(files)})"
         if previous is not None:
             carry = _carry_file(self.directory, previous)
-            rows += f" UNION ALL SELECT true AS carried, * FROM read_parquet({_sql_str(carry)})"
+            rows += f" UNION ALL SELECT true AS carried, * FROM read_parquet({_read(carry)})"
         relation = f"(SELECT NULL::VARCHAR AS export, NULL::VARCHAR AS stream, * FROM ({rows}))"
         rates = _rates_file(self.directory, number)
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,13 @@ from contextlib import contextmanager
 
 import duckdb
 
-from pipeline.analytics.sources import CATALOG_VERSION, AnalyticsError, AnalyticsPaths
+from pipeline.analytics.sources import (
+    CATALOG_VERSION,
+    AnalyticsError,
+    AnalyticsPaths,
+    check_database,
+    glob_escaped,
+)
 
 READING = ("SELECT", "EXPLAIN", "PRAGMA", "CALL")
 WHAT_IT_DOES = {
@@ -85,8 +91,17 @@ def _check_version(con: duckdb.DuckDBPyConnection, paths: AnalyticsPaths) -> Non
         raise AnalyticsError(str(paths.database), reason)
 
 
+def _allowed(directories: list[str]) -> list[str]:
+    """`allowed_directories` for the directories the views read. DuckDB checks the pattern a
+    view reads as well as every file it finds, so a directory whose name holds `[`, `*` or
+    `?` is allowed as itself and as its escaped pattern (`glob_escaped`); both are literal
+    prefixes, so `a*b/` lets no query into `aXb/`."""
+    allowed = [d.rstrip("/") + "/" for d in directories]
+    return list(dict.fromkeys([*allowed, *(glob_escaped(d) for d in allowed)]))
+
+
 def _lock_down(con: duckdb.DuckDBPyConnection, directories: list[str]) -> None:
-    allowed = "[" + ", ".join(_sql_str(d.rstrip("/") + "/") for d in directories) + "]"
+    allowed = "[" + ", ".join(_sql_str(d) for d in _allowed(directories)) + "]"
     con.execute(f"SET allowed_directories = {allowed}")
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
@@ -97,6 +112,7 @@ def _lock_down(con: duckdb.DuckDBPyConnection, directories: list[str]) -> None:
 @contextmanager
 def open_database(paths: AnalyticsPaths) -> Iterator[duckdb.DuckDBPyConnection]:
     """The database, read-only and sandboxed, for the length of the block."""
+    check_database(paths.database)
     if not paths.database.exists():
         reason = "no database there yet: build it with `sluice analytics refresh`"
         raise AnalyticsError(str(paths.database), reason)

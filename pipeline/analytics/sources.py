@@ -32,6 +32,11 @@ FIXED_VIEWS = (
     "sources",
 )
 PARTITIONS = "date=*/hour=*/*.parquet"
+#: What DuckDB reads as wildcards in a path given to `read_parquet` (`glob_escaped`).
+GLOB_CHARACTERS = re.compile(r"([\[*?])")
+#: What a database path may not hold: DuckDB takes `?` for the start of options and names its
+#: write-ahead log after what precedes it, so such a database never commits (`check_database`).
+DATABASE_CHARACTERS = "?"
 #: Bumped when the views change shape; `sluice sql` refuses a database of another version.
 CATALOG_VERSION = 2
 
@@ -64,6 +69,34 @@ class UnreadableExportFiles(AnalyticsError):
         )
         msg = f"export {export}"
         super().__init__(msg, reason)
+
+
+class UnsupportedPath(AnalyticsError):
+    """A path the analytics database cannot use, for a character in it."""
+
+    def __init__(self, what: str, path: Path, character: str, reason: str) -> None:
+        self.path, self.character = path, character
+        super().__init__(f"{what} {path}", f"holds {character!r}: {reason}")
+
+
+def check_database(database: Path) -> None:
+    """Refuse (`UnsupportedPath`) a database path DuckDB cannot write: before anything is
+    written, rather than a refresh that fails at its commit with a path it never asked for."""
+    for character in DATABASE_CHARACTERS:
+        if character in str(database):
+            reason = (
+                "DuckDB cannot keep a database there (it takes the rest for options); set "
+                "`[analytics] database` in sluice.toml to a path without it"
+            )
+            what = "analytics database"
+            raise UnsupportedPath(what, database, character, reason)
+
+
+def glob_escaped(path: Path | str) -> str:
+    """`path` as a DuckDB glob pattern that matches only itself: `[`, `*` and `?` each in
+    brackets (`[[]`, `[*]`, `[?]`). DuckDB reads every path it is given as a pattern, so a
+    directory named `run[1]` would read nothing, or `run1` instead, and `a*b` `aXb` too."""
+    return GLOB_CHARACTERS.sub(r"[\1]", str(path))
 
 
 def unreadable_files(root: Path, pattern: str) -> list[tuple[Path, str]]:
@@ -132,6 +165,13 @@ class AnalyticsPaths:
         except ValueError:
             return path.as_posix()
 
+    def pattern(self, path: Path | str, files: str = "") -> str:
+        """A DuckDB glob of `files` (e.g. `PARTITIONS`) under `path`, or of the file `path`,
+        as the views name it (`stored`), its own characters escaped (`glob_escaped`): the
+        argument of the `sluice_glob` macro."""
+        escaped = glob_escaped(self.stored(path))
+        return f"{escaped}/{files}" if files else escaped
+
     def resolve(self, stored: str) -> Path:
         """The inverse of `stored`, against this home."""
         return Path(stored) if Path(stored).is_absolute() else self.home / stored
@@ -197,8 +237,9 @@ def discover_exports(
     settings: SluiceSettings, extra: Iterable[ExportSource] = ()
 ) -> list[ExportSource]:
     """Exports named on the command line, then each `[streams.NAME]` family of sluice.toml,
-    then every export run's record. One directory is one export; a view name given twice
-    keeps the first (a later one is named after its stream and directory). View names are
+    then every export run's record. One directory is one export, whichever symbolic links
+    lead to it (`_same_directory`); a view name given twice keeps the first (a later one is
+    named after its stream and directory). View names are
     compared as DuckDB compares them, without case, and with the export's quarantine view:
     `Network` after `network`, or `network/quarantine` beside `network`, would otherwise
     replace a view of the first export and count its rows twice.
@@ -213,10 +254,10 @@ def discover_exports(
     records = registered_exports(settings.home)
     streams_in: dict[Path, set[str]] = {}
     for r in records:
-        streams_in.setdefault(Path(r.output).absolute(), set()).add(r.stream)
+        streams_in.setdefault(_same_directory(Path(r.output)), set()).add(r.stream)
 
     def exported(root: Path, configured: str) -> str:
-        found = streams_in.get(root.absolute(), set())
+        found = streams_in.get(_same_directory(root), set())
         return next(iter(found)) if len(found) == 1 else configured
 
     families = [
@@ -235,7 +276,7 @@ def discover_exports(
     by_root: dict[Path, ExportSource] = {}
     names: set[str] = set()  # the views taken so far, lower case (`view_names`)
     for given in (*extra, *families, *recorded):
-        root = given.root.absolute()
+        root = _same_directory(given.root)
         known = by_root.get(root)
         if known is not None:
             by_root[root] = _merge(known, given)
@@ -244,6 +285,13 @@ def discover_exports(
         names |= source.view_names
         by_root[root] = source
     return list(by_root.values())
+
+
+def _same_directory(root: Path) -> Path:
+    """What makes two names of a directory one export: the directory they lead to, symbolic
+    links followed (`/data/link` and its target, a home reached through a link and through
+    its target), so that its files are read by one view, not counted by two."""
+    return root.expanduser().resolve()
 
 
 def _merge(known: ExportSource, other: ExportSource) -> ExportSource:
@@ -275,4 +323,4 @@ def parse_export_option(text: str) -> ExportSource:
         reason = "expected SCOPE/STREAM=DIR, e.g. examples/network=/data/network-export"
         msg = f"--export {text!r}"
         raise AnalyticsError(msg, reason)
-    return ExportSource(stream, Path(root).absolute(), stream)
+    return ExportSource(stream, Path(root).expanduser().absolute(), stream)

@@ -202,6 +202,51 @@ def check_output_kept(output: Path, checkpoint: Path, formats: Sequence[str]) ->
             raise OutputGone(output, checkpoint, fmt, len(mine))
 
 
+class OutputTaken(SluiceError, ValueError):
+    """The output directory holds files an export published with another checkpoint, and this
+    run's checkpoint has published nothing: its batches would publish the same names again."""
+
+    def __init__(self, output: Path, checkpoint: Path, found: Path, others: list[str]) -> None:
+        self.output, self.checkpoint, self.found, self.others = output, checkpoint, found, others
+        named = f" (recorded: {'; '.join(others)})" if others else ""
+        msg = (
+            f"export to {output}: it holds files an export published with another "
+            f"checkpoint{named}, such as {found}, and this run's checkpoint {checkpoint} has "
+            "published none: its batches would publish files of the same names again, and rows "
+            "would be replaced or counted twice. Go on with that export (its --output and "
+            "--checkpoint), or export to a new directory"
+        )
+        super().__init__(msg)
+
+
+def check_output_free(spec: ExportSpec, output: Path, checkpoint: Path) -> None:
+    """Refuse (`OutputTaken`) a checkpoint that has published nothing yet into an output that
+    already holds published files: those of another stream, of a checkpoint since deleted, or
+    of this directory under another name (a symbolic link to it, a path through `..`), whose
+    checkpoint is another. File names number the batches of one checkpoint
+    (`part-b<batch>-t<task>-f<n>`), so one output directory has one checkpoint."""
+    from pipeline.spark.export_layout import EXTENSIONS, QUARANTINE
+    from pipeline.spark.ledger import BatchLedger
+
+    ledger = checkpoint / "ledger.sqlite"
+    if ledger.exists():
+        with BatchLedger(ledger) as opened:
+            if opened.batches():
+                return  # it published there: `check_output_kept` looks at its files
+    here = output.resolve()  # `other/../out` before `other` exists: its files are out's
+    patterns = [f"{kind}/date=*/hour=*/part-*" for kind in EXTENSIONS] + [f"{QUARANTINE}/part-*"]
+    found = next((f for pattern in patterns for f in here.glob(pattern)), None)
+    if found is None:
+        return
+    others = [
+        f"{r.stream} to {r.output}"
+        for r in registered_exports()
+        if Path(r.output).resolve() == here
+        and (r.stream, r.store, r.output) != (spec.stream, spec.store, str(output))
+    ]
+    raise OutputTaken(output, checkpoint, found, others)
+
+
 def _written(path: Path) -> int:
     try:
         return path.stat().st_mtime_ns
@@ -240,7 +285,9 @@ def export(
     """Run the export until caught up (`available-now`) or until stopped (`continuous`).
     An output directory that cannot be written is refused before anything else (Spark, the
     checkpoint, the export's record); a disk that fills while it runs stops it with
-    `OutputNotWritable` naming the directory, and the next run finishes the batch."""
+    `OutputNotWritable` naming the directory, and the next run finishes the batch. A new
+    checkpoint into a directory that holds another checkpoint's files is refused
+    (`OutputTaken`): one output directory, whatever its name, has one checkpoint."""
     plan = flatten_plan(spec.schema, spec.time_field)  # a bad schema fails here, before Spark
     output = spec.output.absolute()
     check_writable(output)
@@ -269,6 +316,7 @@ def export(
 
     with Checkpoint(root, identity) as checkpoint:
         check_output_kept(output, checkpoint.root, spec.formats)
+        check_output_free(spec, output, checkpoint.root)
         record_export(spec)
         # Range rows: each task reads its range from the store and flattens it itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")

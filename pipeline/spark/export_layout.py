@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql.datasource import WriterCommitMessage
-
 from pipeline.durable import fsync_path
 
 STAGING = "_staging"
@@ -39,19 +37,6 @@ class StagedFile:
     bucket: str  # "date=YYYY-MM-DD/hour=HH" ("" for quarantine)
     rows: int
     bytes: int
-
-
-@dataclass(frozen=True)
-class FilesMessage(WriterCommitMessage):
-    """One task's staged files and counts."""
-
-    partition: int
-    files: tuple[StagedFile, ...]
-    events: int
-    rows: int
-    quarantined: int
-    min_time_ns: int | None
-    max_time_ns: int | None
 
 
 def fsync_all(paths: Iterable[Path]) -> None:

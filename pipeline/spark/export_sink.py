@@ -22,7 +22,8 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from pipeline.outputs import refused_writes
 from pipeline.spark.errors import BatchConflict
-from pipeline.spark.export_layout import RERUN, STAGING, FilesMessage, fsync_all, published_name
+from pipeline.spark.export_layout import RERUN, STAGING, fsync_all, published_name
+from pipeline.spark.export_writer import FilesMessage
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan
 from pipeline.spark.options import ExportOptions
 

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from pyspark.sql.datasource import WriterCommitMessage
 
 from pipeline.outputs import refused_writes
 from pipeline.schemas import Events, Flattened, FlattenPlan, flatten, flatten_plan
@@ -34,7 +35,6 @@ from pipeline.spark.export_layout import (
     EXTENSIONS,
     RERUN,
     STAGING,
-    FilesMessage,
     StagedFile,
     fsync_all,
 )
@@ -73,6 +73,19 @@ def by_hour(rows: pa.Table, time_ns: np.ndarray) -> Iterator[tuple[int, pa.Table
     hours = time_ns // HOUR_NS
     for hour in np.unique(hours).tolist():
         yield hour, rows.filter(pa.array(hours == hour))
+
+
+@dataclass(frozen=True)
+class FilesMessage(WriterCommitMessage):
+    """One task's staged files and counts."""
+
+    partition: int
+    files: tuple[StagedFile, ...]
+    events: int
+    rows: int
+    quarantined: int
+    min_time_ns: int | None
+    max_time_ns: int | None
 
 
 @dataclass

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline import durable
-from pipeline.errors import SluiceError
+from pipeline.spark.errors import PortTaken, ServerError, StateFileDamaged
 
 log = logging.getLogger(__name__)
 
@@ -94,26 +94,46 @@ class ServerState:
 
     @classmethod
     def read(cls, path: Path) -> ServerState | None:
+        """The state in `path`: None if there is none (or one of another version, which
+        this Sluice does not read); `StateFileDamaged` if it is not one Sluice wrote (not
+        JSON, a field missing or of another type, a port or pid that cannot be one)."""
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            text = path.read_text()
+        except FileNotFoundError:
             return None
+        except PermissionError:
+            msg = (
+                f"{path} is another user's: run `sluice spark` as that user, or give this "
+                "user a SLUICE_HOME of its own"
+            )
+            raise ServerError(msg) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StateFileDamaged(path, f"unreadable: {exc}") from None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise StateFileDamaged(path, "not a JSON object")
         if data.get("version") != STATE_VERSION:
             return None
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        values = {}
+        for name, kind in _FIELD_TYPES.items():
+            value = data.get(name)
+            if type(value) is not kind:  # bool is no int here
+                noun = "a whole number" if kind is int else "text"
+                raise StateFileDamaged(path, f"{name} is {value!r}, not {noun}")
+            values[name] = value
+        if values["pid"] <= 0 or not 0 < values["port"] < 65536:
+            reason = f"pid {values['pid']}, port {values['port']}: no process or no TCP port"
+            raise StateFileDamaged(path, reason)
+        return cls(version=STATE_VERSION, **values)
 
 
-class ServerError(SluiceError):
-    """The Spark Connect server could not be started, or is not the one expected."""
-
-    def __init__(self, problem: str, log: Path | None = None) -> None:
-        self.problem, self.log = problem, log
-        msg = f"Spark Connect server: {problem}" + (f"; see {log}" if log else "")
-        super().__init__(msg)
-
-    def __reduce__(self):
-        return (type(self), (self.problem, self.log))
+#: The types of `ServerState`'s fields after its version, as its file must hold them.
+_FIELD_TYPES = {
+    f.name: int if f.type == "int" else str for f in dataclasses.fields(ServerState)[1:]
+}
 
 
 def pid_alive(pid: int) -> bool:
@@ -154,25 +174,50 @@ def accepts(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def is_server(state: ServerState) -> bool:
-    """Whether the process `state` names is alive and is that server: its command line
-    (`spark-submit`'s, then the JVM's) names the server class and the state's port. The pid of
-    a stale state file may be another process's by now: such a one is never waited on or
-    signalled."""
+def is_server(state: ServerState, home: Path) -> bool:
+    """Whether the process `state` names is alive and is the server of `home`: its command
+    line (`spark-submit`'s, then the JVM's) names the server class and the state's port, and
+    it runs in `home` (where `start_server` starts it). The pid of a stale state file may be
+    another process's by now, and a state file copied from another home names that home's
+    server: such a process is never waited on or signalled."""
     if not pid_alive(state.pid):
         return False
+    return _is_server_process(Path(f"/proc/{state.pid}"), home, state.port)
+
+
+def _is_server_process(proc: Path, home: Path, port: int | None = None) -> bool:
+    """Whether the process at `proc` (`/proc/PID`) is a server `start_server` started for
+    `home` (on `port`, when given)."""
     try:
-        args = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
+        args = (proc / "cmdline").read_bytes().split(b"\0")
+        cwd = os.readlink(proc / "cwd")
     except OSError:
         return False
-    port = f"spark.connect.grpc.binding.port={state.port}"
-    return SERVER_CLASS.encode() in args and port.encode() in args
+    if SERVER_CLASS.encode() not in args or cwd != str(home.resolve()):
+        return False
+    return port is None or f"spark.connect.grpc.binding.port={port}".encode() in args
+
+
+def _servers_in(home: Path) -> list[int]:
+    """The pids of the servers started for `home` that still run, found by what they are
+    (`_is_server_process`, each its process group's leader) rather than by a state file."""
+    return [
+        int(proc.name)
+        for proc, fields in _proc_stats()
+        if fields[2] == proc.name and fields[0] not in ("Z", "X") and _is_server_process(proc, home)
+    ]
 
 
 def running_server(home: Path) -> ServerState | None:
-    """The Sluice-managed server of `home`, if it runs (`is_server`) and its port answers."""
-    state = ServerState.read(state_path(home))
-    if state is None or not is_server(state) or not accepts(state.host, state.port):
+    """The Sluice-managed server of `home`, if it runs (`is_server`) and its port answers.
+    None, with a warning, if the state file is damaged or another user's: a job then runs on
+    a local Spark."""
+    try:
+        state = ServerState.read(state_path(home))
+    except ServerError as exc:  # StateFileDamaged, another user's
+        log.warning("not attaching to a Spark Connect server: %s", exc)
+        return None
+    if state is None or not is_server(state, home) or not accepts(state.host, state.port):
         return None
     return state
 
@@ -243,6 +288,16 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def _bindable(host: str, port: int) -> bool:
+    """Whether a server could listen on `host:port`: no other socket listens there (one in
+    TIME_WAIT, left by a server just stopped, does not count: the JVM reuses the address)."""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError:
+        return False
+    return True
+
+
 def start_server(
     home: Path,
     session_conf: Mapping[str, str],
@@ -258,8 +313,14 @@ def start_server(
     `host` other than loopback needs TLS and an authenticating proxy in front (`DESIGN.md`);
     the token alone travels in clear text without TLS. One start at a time: a second one
     waits for the first and then finds its server."""
-    state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
-    with (state_dir(home) / "start.lock").open("a") as lock:
+    ServerState.read(state_path(home))  # damaged, another user's: say so before the lock
+    try:
+        state_dir(home).mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock_file = (state_dir(home) / "start.lock").open("a")
+    except PermissionError:
+        msg = f"{state_dir(home)} is another user's: give this user a SLUICE_HOME of its own"
+        raise ServerError(msg) from None
+    with lock_file as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process is killed
         return _start_locked(home, session_conf, host, port, timeout)
 
@@ -267,11 +328,17 @@ def start_server(
 def _start_locked(
     home: Path, session_conf: Mapping[str, str], host: str, port: int | None, timeout: float
 ) -> ServerState:
-    found = ServerState.read(state_path(home))
-    if found is not None and is_server(found):
-        if _until_accepting(found, timeout, alive=lambda: is_server(found)):
+    found = ServerState.read(state_path(home))  # StateFileDamaged: `stop` first
+    if found is not None and is_server(found, home):
+        if _until_accepting(found, timeout, alive=lambda: is_server(found, home)):
             return found
-    port = port or free_port(host)
+    if port is None or port == 0:
+        port = free_port(host)
+    elif not 0 < port < 65536:
+        msg = f"port {port}: expected 1 to 65535, or none for a free one"
+        raise ServerError(msg)
+    elif not _bindable(host, port):  # else the other program would answer for the server
+        raise PortTaken(host, port)
     token = secrets.token_urlsafe(32)
     log = state_dir(home) / "connect.log"
     conf = server_conf(session_conf, host, port)
@@ -335,11 +402,18 @@ def write_state(home: Path, state: ServerState) -> None:
 
 
 def _terminate(pid: int, grace: float = 30.0) -> None:
-    """SIGTERM the server's process group (the JVM and its Python workers), then SIGKILL."""
+    """SIGTERM the server's process group (the JVM and its Python workers), then SIGKILL.
+    SIGCONT follows the SIGTERM: a group stopped (SIGSTOP, Ctrl-Z) would otherwise hold the
+    SIGTERM for the whole grace and be killed without its shutdown (Spark's temporary
+    directories left behind)."""
     try:
         os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, signal.SIGCONT)
     except ProcessLookupError:
         return
+    except PermissionError:
+        msg = f"process {pid} is another user's: stop it as that user"
+        raise ServerError(msg) from None
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         _reap(pid)
@@ -388,10 +462,18 @@ def _reap(pid: int) -> None:
 def stop_server(home: Path) -> ServerState | None:
     """Stop the server of `home`, running or still starting: what the state file named (None
     if none), the file removed. A process the file names that is not the server
-    (`is_server`: the pid was reused) is left alone."""
+    (`is_server`: the pid was reused) is left alone. A damaged state file names nothing: the
+    servers started for `home` are found by what they are (`_servers_in`) and stopped."""
     path = state_path(home)
-    state = ServerState.read(path)
-    if state is not None and is_server(state):
+    try:
+        state = ServerState.read(path)
+    except StateFileDamaged as exc:
+        log.warning("%s; stopping the servers started for %s", exc, home)
+        for pid in _servers_in(home):
+            _terminate(pid)
+        path.unlink(missing_ok=True)
+        return None
+    if state is not None and is_server(state, home):
         _terminate(state.pid)
     path.unlink(missing_ok=True)
     return state
@@ -464,10 +546,10 @@ ServerStatus = Literal["running", "starting", "stopped", "stale"]
 def server_status(home: Path) -> tuple[ServerStatus, ServerState | None]:
     """`running` (alive, accepting), `starting` (alive, not accepting yet), `stale` (a state
     file whose server died), `stopped`."""
-    state = ServerState.read(state_path(home))
+    state = ServerState.read(state_path(home))  # StateFileDamaged says what to do
     if state is None:
         return "stopped", None
-    if not is_server(state):
+    if not is_server(state, home):
         return "stale", state
     return ("running" if accepts(state.host, state.port) else "starting"), state
 

@@ -1,6 +1,10 @@
-"""Typed errors of the `sluice` Spark data sources."""
+"""Typed errors of the `sluice` Spark data sources, and of the Spark Connect server and its
+clients (`connect.py`, `session.py`)."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 from pipeline.errors import SluiceError
 
@@ -42,3 +46,53 @@ class SparkUnreachable(SluiceError):
             " to auto, which attaches only to a server that runs, or to local"
         )
         super().__init__(msg)
+
+
+def without_token(text: str) -> str:
+    """`text` with the value of every `token=` of a Spark Connect URL in it blanked."""
+    return re.sub(r"(token=)[^;/\s'\"]*", r"\1…", text)
+
+
+class SparkLost(SparkUnreachable):
+    """The Spark Connect server a session is attached to stopped answering in the middle of
+    the session's work (killed, stopped, restarted)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        msg = (
+            f"the Spark Connect server at {self.address} stopped answering (killed, stopped or "
+            "restarted): run the job again, it goes on from its checkpoint (on a local Spark "
+            "if no server runs: `sluice spark status`)"
+        )
+        self.args = (msg,)
+
+
+class ServerError(SluiceError):
+    """The Spark Connect server could not be started, or is not the one expected."""
+
+    def __init__(self, problem: str, log: Path | None = None) -> None:
+        self.problem, self.log = problem, log
+        msg = f"Spark Connect server: {problem}" + (f"; see {log}" if log else "")
+        super().__init__(msg)
+
+
+class PortTaken(ServerError):
+    """The port a server is to listen on is another program's."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        super().__init__(
+            f"{host}:{port} is taken by another program: choose another port (`sluice spark "
+            "start --port`), or leave the port out for a free one"
+        )
+
+
+class StateFileDamaged(ServerError):
+    """`$SLUICE_HOME/spark/connect.json` is not a state file Sluice wrote."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"the state file {path} is damaged ({reason}): `sluice spark stop` stops the "
+            "server of this SLUICE_HOME, if one runs, and removes the file"
+        )

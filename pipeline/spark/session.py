@@ -16,14 +16,14 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from pipeline.errors import SluiceError
-from pipeline.spark.errors import SparkUnreachable
+from pipeline.spark.errors import SparkLost, SparkUnreachable, without_token
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,13 +42,41 @@ AUTO, LOCAL = "auto", "local"
 
 
 class RemoteSettingError(SluiceError, ValueError):
-    def __init__(self, value: str) -> None:
-        self.value = value
+    """`[spark] remote` (SLUICE_SPARK_REMOTE) is not `auto`, `local` or an `sc://` URL that
+    PySpark can use. The value is shown with its token blanked."""
+
+    def __init__(self, value: str, reason: str = "") -> None:
+        self.value, self.reason = without_token(value), reason
         msg = (
-            f"Spark remote {value!r}: expected `auto` (attach to the server `sluice spark "
-            "start` runs, else start a local Spark), `local` (never attach) or an sc:// URL"
+            f"Spark remote {self.value!r}: {reason + '; ' if reason else ''}expected `auto` "
+            "(attach to the server `sluice spark start` runs, else start a local Spark), "
+            "`local` (never attach) or an sc:// URL (sc://HOST:PORT/;token=…)"
         )
         super().__init__(msg)
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with the Spark Connect URL `url`, by PySpark's rules (`ChannelBuilder`),
+    or None. Checked when the settings are read: PySpark's own errors come later, as a
+    traceback, and name the URL with its token."""
+    from urllib.parse import urlparse
+
+    if not url.startswith("sc://"):
+        return "not an sc:// URL"
+    parsed = urlparse("http" + url[2:])
+    if parsed.path not in ("", "/"):
+        return f"a path ({without_token(parsed.path)!r}) where none may be"
+    if parsed.params and not all(p.count("=") == 1 for p in parsed.params.split(";")):
+        return "its parameters are not all key=value"
+    if not parsed.hostname:
+        return "no host"
+    try:
+        port = parsed.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return "its port is not a number from 1 to 65535"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +101,8 @@ class SparkSettings:
     server_max_daemons: int = 40
 
     def __post_init__(self) -> None:
-        if self.remote not in (AUTO, LOCAL) and not self.remote.startswith("sc://"):
-            raise RemoteSettingError(self.remote)
+        if self.remote not in (AUTO, LOCAL) and (problem := url_problem(self.remote)):
+            raise RemoteSettingError(self.remote, problem)
 
     @classmethod
     def from_config(
@@ -212,17 +240,12 @@ def _attached(url: str, settings: SparkSettings) -> SparkSession:
     `auto` found it, a local session instead (stopped or killed since it was found, or a
     restart that died: a found server is a speed-up, never a reason for a job to fail); when
     the settings name it, `SparkUnreachable` (PySpark's own error is a page of gRPC state)."""
-    from grpc import StatusCode
-    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
-
     from pipeline.spark.source import register_sources
 
     active = attach(url)
     try:
         register_sources(active)  # the session's first call to the server
-    except SparkConnectGrpcException as exc:
-        if exc.getGrpcStatusCode() != StatusCode.UNAVAILABLE:
-            raise
+    except SparkUnreachable:  # `attach`'s error handler: UNAVAILABLE, after the retries
         active.stop()
         if settings.remote != AUTO:
             raise SparkUnreachable(url) from None
@@ -305,7 +328,27 @@ def attach(url: str) -> SparkSession:
     # goes to a local Spark or a restarted server from the same checkpoint.
     policy = DefaultPolicy(max_retries=RECONNECT_RETRIES, max_backoff=RECONNECT_MAX_BACKOFF_MS)
     spark.client.set_retry_policies([policy])
+    # ... and then says so in a warning of its own and a multi-line gRPC error (a job's
+    # one-line failure read "<_MultiThreadedRendezvous of RPC that terminated with:")
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
+    spark.client._handle_error = partial(_unavailable_as_lost, spark.client._handle_error, url)
     return spark
+
+
+def _unavailable_as_lost(handle: Callable[..., NoReturn], url: str, error: Exception, *args):
+    """PySpark's handler of a failed call (`SparkConnectClient._handle_error`, which every
+    call goes through), with a server that does not answer (gRPC UNAVAILABLE, after the
+    retries) raised as `SparkLost`, one line without the token."""
+    import grpc
+
+    code = getattr(error, "code", None)  # a grpc.Call's
+    if (
+        isinstance(error, grpc.RpcError)
+        and callable(code)
+        and code() == grpc.StatusCode.UNAVAILABLE
+    ):
+        raise SparkLost(url) from None
+    handle(error, *args)
 
 
 def local_session(settings: SparkSettings) -> SparkSession:

@@ -168,11 +168,14 @@ def test_a_named_server_that_does_not_answer_is_one_line_without_its_token(tmp_p
     assert "secret" not in done.stderr
 
 
-def test_a_found_server_that_does_not_answer_means_a_local_session(tmp_path, fake_server):
+def test_a_found_server_that_does_not_answer_means_a_local_session(
+    tmp_path, fake_server, monkeypatch
+):
     """A server found running that stops answering before the job's first call (stopped,
     killed or restarted under it) costs the job its warm start, not its run."""
     home = tmp_path / "home"
     env = job_env(home)
+    monkeypatch.chdir(home)  # a server runs in its home (`connect.is_server`)
     with socket.create_server(("127.0.0.1", 0)) as listener:  # accepts, then hangs up
         port = listener.getsockname()[1]
         state = connect.ServerState(

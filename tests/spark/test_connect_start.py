@@ -30,7 +30,10 @@ def fake_state(port: int, pid: int) -> connect.ServerState:
     )  # fmt: skip
 
 
-def test_a_server_not_accepting_yet_is_starting_and_stop_stops_it(tmp_path, fake_server):
+def test_a_server_not_accepting_yet_is_starting_and_stop_stops_it(
+    tmp_path, fake_server, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # a server runs in its home (`connect.is_server`)
     port = connect.free_port("127.0.0.1")
     server = fake_server(port)
     connect.write_state(tmp_path, fake_state(port, server.pid))
@@ -44,10 +47,11 @@ def test_a_server_not_accepting_yet_is_starting_and_stop_stops_it(tmp_path, fake
     assert not connect.state_path(tmp_path).exists()
 
 
-def test_a_reused_pid_is_not_the_server_and_is_never_signalled(tmp_path, fake_server):
+def test_a_reused_pid_is_not_the_server_and_is_never_signalled(tmp_path, fake_server, monkeypatch):
     """A state file left by a killed server names a pid that another process may hold by
     now (another server's, even, and its port may answer): it is stale, and `stop` leaves that
     process alone."""
+    monkeypatch.chdir(tmp_path)  # `other` runs in this home: its port alone tells it apart
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         other = fake_server(port + 1)  # a server of another port: not this state's

@@ -282,8 +282,12 @@ def server_environment(token: str | None, host: str) -> dict[str, str]:
     return env
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET  # `::1`, an IPv6 address
+
+
 def free_port(host: str) -> int:
-    with socket.socket() as sock:
+    with socket.socket(_family(host)) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
@@ -292,7 +296,7 @@ def _bindable(host: str, port: int) -> bool:
     """Whether a server could listen on `host:port`: no other socket listens there (one in
     TIME_WAIT, left by a server just stopped, does not count: the JVM reuses the address)."""
     try:
-        socket.create_server((host, port)).close()
+        socket.create_server((host, port), family=_family(host)).close()
     except OSError:
         return False
     return True

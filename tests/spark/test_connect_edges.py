@@ -154,6 +154,16 @@ def test_a_port_another_program_holds_is_refused(tmp_path):
     assert connect._servers_in(home) == []
 
 
+def test_an_ipv6_loopback_host_gets_a_free_port_and_a_taken_one_is_refused(tmp_path):
+    """`--host ::1` was a traceback: the free port and the taken-port check used IPv4 sockets."""
+    port = connect.free_port("::1")
+    assert 0 < port < 65536
+    with socket.create_server(("::1", 0), family=socket.AF_INET6) as listener:
+        taken = listener.getsockname()[1]
+        with pytest.raises(PortTaken, match=re.escape(f"::1:{taken} is taken by another")):
+            connect.start_server(tmp_path / "home", {}, host="::1", port=taken)
+
+
 def test_a_suspended_server_is_stopped_with_its_shutdown(tmp_path):
     """A server suspended (SIGSTOP, Ctrl-Z in its terminal) held the stop's SIGTERM for the
     whole grace and was then killed without its shutdown (Spark's temporary directories

@@ -121,3 +121,56 @@ class MetricsUnavailable(CollectorError):
             "metrics_port (or metrics_address) in [collector], or stop what holds that port"
         )
         super().__init__(msg)
+
+
+#: What moving a damaged buffer aside costs, said by every error that suggests it.
+MOVE_ASIDE_COST = (
+    "what it still held is then lost (events not yet sent, transactions awaiting a decision) "
+    "and the driver starts from nothing: a generator numbers from 0 again and the files "
+    "driver takes the files left in place again, so the stream may receive samples it "
+    "already holds a second time"
+)
+
+#: What to do about a damaged cursor row: the driver cannot tell where its source stands.
+CURSOR_HINT = (
+    "the driver cannot tell where to resume without it. Stop the collector and restore "
+    f"the row (from a backup), or move the buffer aside to start afresh: {MOVE_ASIDE_COST}"
+)
+
+
+class BufferDamaged(CollectorError):
+    """The buffer file is damaged (bytes overwritten, truncated, emptied, or its write-ahead
+    log lost): starting on it could send events twice or drop them, so it is refused."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path, self.problem = path, problem
+        msg = (
+            f"buffer {path} is damaged: {problem}; the collector will not start on it. "
+            f"Keep it for inspection (`sqlite3 {path.name} .recover` may save its events) and "
+            f"move it aside with its -wal and -shm files to start afresh: {MOVE_ASIDE_COST}"
+        )
+        super().__init__(msg)
+
+
+class BufferBusy(CollectorError):
+    """A process other than a collector (an sqlite3 shell, a backup tool) holds a lock on
+    the buffer file for longer than the collector waits."""
+
+    def __init__(self, path: Path, waited_seconds: float) -> None:
+        self.path, self.waited_seconds = path, waited_seconds
+        msg = (
+            f"buffer {path}: locked by another process for over {waited_seconds:.0f}s (not a "
+            "collector: an sqlite3 shell or a backup holding a transaction open?); find it "
+            f"(`fuser {path}`) and end its transaction; nothing was written meanwhile"
+        )
+        super().__init__(msg)
+
+
+class CursorUnreadable(CollectorError):
+    """A driver's stored position (a row of the buffer's `cursor` table) cannot be used: it
+    is damaged, or written by a newer collector."""
+
+    def __init__(self, path: Path, cursor: str, problem: str, hint: str) -> None:
+        self.path, self.cursor, self.problem, self.hint = path, cursor, problem, hint
+        msg = f"buffer {path}: the driver's cursor {cursor!r} {problem}; {hint}"
+        super().__init__(msg)

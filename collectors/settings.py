@@ -26,6 +26,7 @@ from collectors.options import Option, OptionsReader, from_toml
 from collectors.psc_env import PREFIX, instances_from_env, variable_names
 from pipeline.config import FileModes, StoreUriError, checked_store_uri
 from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS, InvalidName, parse_stream
+from pipeline.streams.api import MAX_SEGMENTS
 
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
 _COLLECTOR_KEYS = (
@@ -38,6 +39,28 @@ _COLLECTOR_KEYS = (
 )
 #: Where the metrics endpoint listens unless `metrics_address` says otherwise: this box only.
 DEFAULT_METRICS_ADDRESS = "127.0.0.1"
+
+#: Upper limits of the instance settings, with why (said when a value is refused). The
+#: drivers hold an event's samples in memory until it is full, the generator builds one
+#: commit's events at once, and the sender holds a whole transaction's events.
+MAX_SAMPLES_PER_EVENT = 100_000
+MAX_CAPACITY_EVENTS = 100_000_000
+MAX_EVENTS_PER_TXN = 100_000
+MAX_TXN_BYTES = 1024**3
+MAX_LINGER_MS = 3_600_000
+#: Ten years: a lease is kept in nanoseconds as a signed 64-bit number (292 years at most).
+MAX_TXN_LEASE_SECONDS = 10 * 365 * 86_400
+LIMITS = {
+    "samples_per_event": (
+        "a driver holds an event's samples in memory until it is full, and an event is "
+        "at most 8 MiB (larger ones are split): use fewer"
+    ),
+    "capacity_events": "a buffer of more events than that needs more disk than an edge box has",
+    "max_events_per_txn": "use fewer (max_txn_bytes bounds a transaction's size)",
+    "max_txn_bytes": "the sender holds a transaction's events in memory: use 64 MiB or less",
+    "linger_ms": "waiting more than an hour for a fuller transaction is never useful",
+    "segments": "a stream has at most that many segments",
+}
 
 #: How the sender commits a batch (see `coordinator.py`): `flush` needs a store whose
 #: transactions can be flushed, `commit` works with any store, `auto` picks by the store.
@@ -231,13 +254,13 @@ def _instance(
         stream=stream,
         store=_store(r, "store", store, home),
         routing_key=r.text("routing_key", socket.gethostname()) or None,
-        samples_per_event=r.integer("samples_per_event", 1000, minimum=1),
+        samples_per_event=_bounded(r, "samples_per_event", 1000, MAX_SAMPLES_PER_EVENT),
         buffer_file=r.path("buffer_file", state_dir / f"{name}.db").absolute(),
-        capacity_events=r.integer("capacity_events", 100_000, minimum=1),
+        capacity_events=_bounded(r, "capacity_events", 100_000, MAX_CAPACITY_EVENTS),
         when_full=r.choice("when_full", ("block", "shed"), "block"),  # type: ignore[arg-type]
-        max_events_per_txn=r.integer("max_events_per_txn", 1000, minimum=1),
-        max_txn_bytes=r.integer("max_txn_bytes", 64 * 1024 * 1024, minimum=1),
-        linger_ms=r.integer("linger_ms", 0, minimum=0),
+        max_events_per_txn=_bounded(r, "max_events_per_txn", 1000, MAX_EVENTS_PER_TXN),
+        max_txn_bytes=_bounded(r, "max_txn_bytes", 64 * 1024 * 1024, MAX_TXN_BYTES),
+        linger_ms=_bounded(r, "linger_ms", 0, MAX_LINGER_MS, minimum=0),
         txn_lease_seconds=lease,
         txn_protocol=r.choice(  # type: ignore[arg-type]
             "txn_protocol",
@@ -245,7 +268,7 @@ def _instance(
             "auto",
             "auto picks flush where the store can flush transactions, commit where it cannot",
         ),
-        segments=r.integer("segments", 1, minimum=1),
+        segments=_bounded(r, "segments", 1, MAX_SEGMENTS),
         options=spec.load().parse_options(r),
     )
     r.finish("see collectors/collector.example.toml for the settings of each driver")
@@ -267,9 +290,22 @@ def _stream(r: OptionsReader) -> str:
 
 
 def _lease_seconds(r: OptionsReader) -> float:
+    key, scale = "txn_lease_seconds", 1.0
     if r.has("transaction_timeout_minutes"):
-        return r.number("transaction_timeout_minutes", positive=True) * 60.0
-    return r.number("txn_lease_seconds", float(DEFAULT_TXN_LEASE_SECONDS), positive=True)
+        key, scale = "transaction_timeout_minutes", 60.0
+    seconds = r.number(key, DEFAULT_TXN_LEASE_SECONDS / scale, positive=True) * scale
+    if seconds > MAX_TXN_LEASE_SECONDS:
+        limit = MAX_TXN_LEASE_SECONDS / scale
+        r.fail(key, f"is above the limit of {limit:,.0f}", "a lease of ten years is the longest")
+    return seconds
+
+
+def _bounded(r: OptionsReader, key: str, default: int, limit: int, minimum: int = 1) -> int:
+    """A whole number from `minimum` to `limit` (`LIMITS` says why each limit is there)."""
+    value = r.integer(key, default, minimum=minimum)
+    if value > limit:
+        r.fail(key, f"is above the limit of {limit:,}", LIMITS[key])
+    return value
 
 
 def _legacy_settings(r: OptionsReader, notes: list[str]) -> None:

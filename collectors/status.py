@@ -25,6 +25,7 @@ from pathlib import Path
 
 from collectors.batch import format_timestamp
 from collectors.buffer import PROMISED_UP_TO
+from collectors.buffer.file import WAL_STATE, lost_wal, wal_path, why_without_tables
 from collectors.buffer.status import read_counters, read_meta
 from collectors.settings import CollectorSettings, InstanceSettings
 from pipeline.wording import counted
@@ -87,21 +88,48 @@ def instance_status(
         "txn_protocol": inst.txn_protocol,
         "running": _is_running(inst.buffer_file),
     }
-    if not inst.buffer_file.exists():
+    path = inst.buffer_file
+    if not os.path.lexists(path):
         return InstanceStatus(**base, sender_state="never started", problems=["not running"])
-    conn = sqlite3.connect(f"file:{inst.buffer_file}?mode=ro", uri=True, timeout=10.0)
-    try:
-        conn.execute("BEGIN")  # one snapshot: counters, depth and records agree
-        found = _read(conn, now_ns)
-    except sqlite3.DatabaseError as exc:
-        problem = f"buffer unreadable: {exc}"
+    if not path.is_file():
+        problem = f"buffer unreadable: {path} is not a file; check buffer_file"
         return InstanceStatus(**base, sender_state=problem, problems=[problem])
-    finally:
-        conn.close()
+    wal_present = wal_path(path).exists()
+    try:
+        found = _read_file(path, wal_present, now_ns)
+    except sqlite3.Error as exc:
+        problem = _unreadable(path, exc)
+        return InstanceStatus(**base, sender_state=problem, problems=[problem])
     meta = found.pop("meta")
+    lost = None if base["running"] else lost_wal(path, meta.get(WAL_STATE), wal_present)
+    if lost is not None:
+        problem = f"buffer damaged: {lost}; `sluice collect` refuses it"
+        found["sender_state"] = problem
+        return InstanceStatus(**base, **found, problems=[problem])
     ages = _Ages(meta, now_ns, time.monotonic_ns())
     health = _health(base["running"], meta, ages, unhealthy_after)
     return InstanceStatus(**base, **found, **health)
+
+
+def _read_file(path: Path, wal_present: bool, now_ns: int) -> dict:
+    """`_read` in one snapshot (counters, depth and records agree). Without a write-ahead
+    log there is nothing to merge: the file is read as it is (`immutable`), so that no
+    empty log is made that would hide a lost one from the collector."""
+    flags = "mode=ro" if wal_present else "mode=ro&immutable=1"
+    conn = sqlite3.connect(f"{path.as_uri()}?{flags}", uri=True, timeout=10.0)
+    try:
+        conn.execute("BEGIN")
+        return _read(conn, now_ns)
+    finally:
+        conn.close()
+
+
+def _unreadable(path: Path, exc: sqlite3.Error) -> str:
+    if "no such table" in str(exc) and path.is_file():
+        return f"buffer damaged: {why_without_tables(path)}; `sluice collect` refuses it"
+    if "malformed" in str(exc):
+        return f"buffer damaged: SQLite reports {exc}; `sluice collect` refuses it"
+    return f"buffer unreadable: {exc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +239,7 @@ def _is_running(buffer_file: Path) -> bool:
     lock = buffer_file.with_name(buffer_file.name + ".lock")
     try:
         fd = os.open(lock, os.O_RDONLY)
-    except FileNotFoundError:
+    except OSError:  # none, or its directory is not one: no collector holds it
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -25,6 +25,7 @@ from collectors.buffer import status
 from collectors.buffer.file import BufferFile, WriteTurns
 from collectors.buffer.ledger import TxnLedger
 from collectors.buffer.schema import BufferedEvent, CursorState, PendingEvent
+from collectors.errors import CURSOR_HINT, CursorUnreadable
 from pipeline.failpoints import Failpoints
 from pipeline.streams import MAX_EVENT_SIZE, EventTooLarge
 from pipeline.wording import counted
@@ -192,10 +193,25 @@ class Buffer(BufferFile):
 
     # --- driver state ---------------------------------------------------------------------
     def cursor(self, name: str) -> CursorState | None:
-        row = self.conn.execute(
-            "SELECT version, value FROM cursor WHERE name = ?", (name,)
-        ).fetchone()
-        return None if row is None else CursorState(name, row[0], json.loads(row[1]))
+        """The driver position stored as `name`; `CursorUnreadable` when its row is damaged
+        (its version not a whole number, its value not a JSON object)."""
+        try:
+            row = self.conn.execute(
+                "SELECT version, value FROM cursor WHERE name = ?", (name,)
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            self.raise_typed(exc)
+        if row is None:
+            return None
+        version, text = row
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError):
+            value = None
+        if isinstance(version, bool) or not isinstance(version, int) or not isinstance(value, dict):
+            problem = f"is damaged (version {version!r}, value {text!r:.200})"
+            raise CursorUnreadable(self.path, name, problem, CURSOR_HINT)
+        return CursorState(name, version, value)
 
     def write(self, hook: TxnHook) -> None:
         """Run a driver's own SQL (its state tables) in one write transaction."""
@@ -229,19 +245,22 @@ class Buffer(BufferFile):
     # --- the send queue (sender side) -----------------------------------------------------
     def next_batch(self, max_events: int, max_bytes: int) -> list[BufferedEvent]:
         """The oldest queued events: at most `max_events`, at most `max_bytes` (but >= 1)."""
-        rows = self.conn.execute(
-            "SELECT id, payload, routing_key, min_ns, max_ns, samples FROM events"
-            " WHERE id > ? ORDER BY id LIMIT ?",
-            (self.ledger.promised_up_to(), max_events),
-        )
-        batch: list[BufferedEvent] = []
-        size = 0
-        for row in rows:
-            size += len(row[1])
-            if batch and size > max_bytes:
-                break
-            batch.append(BufferedEvent(*row))
-        rows.close()
+        try:
+            rows = self.conn.execute(
+                "SELECT id, payload, routing_key, min_ns, max_ns, samples FROM events"
+                " WHERE id > ? ORDER BY id LIMIT ?",
+                (self.ledger.promised_up_to(), max_events),
+            )
+            batch: list[BufferedEvent] = []
+            size = 0
+            for row in rows:
+                size += len(row[1])
+                if batch and size > max_bytes:
+                    break
+                batch.append(BufferedEvent(*row))
+            rows.close()
+        except sqlite3.DatabaseError as exc:  # a damaged page: refused, never skipped
+            self.raise_typed(exc)
         return batch
 
     def queued(self) -> int:

@@ -23,12 +23,16 @@ from collectors.drivers.base import (
     DriverSettings,
     OptionsReader,
 )
+from collectors.errors import CURSOR_HINT, MOVE_ASIDE_COST, CursorUnreadable
 from pipeline.wording import counted
 
 CURSOR = "generator"
 CURSOR_VERSION = 1
-#: When behind, this many events go into one SQLite commit (one fsync, not one per event).
+#: When behind, this many events go into one SQLite commit (one fsync, not one per event)...
 EVENTS_PER_COMMIT = 128
+#: ... and at most this many samples (one event when it is larger): a commit's samples are
+#: built in memory first, and up to three commits are held at once.
+SAMPLES_PER_COMMIT = 128_000
 #: A higher rate is "as fast as the buffer takes them": one sample a nanosecond is already
 #: beyond any machine (and a rate near the float limit would overflow the schedule).
 FASTEST = 1e9
@@ -78,12 +82,13 @@ class GeneratorDriver:
             appender.close()
 
     def _generate(self, ctx: DriverContext, appender: _Appender) -> None:
-        cursor = ctx.cursor(CURSOR)
-        next_seq = int(cursor.value["next_seq"]) if cursor else 0
+        next_seq = _resume_at(ctx)
         rate = min(self.options.samples_per_sec, FASTEST)
         schedule = _Schedule(rate, next_seq)
         per_event = self.settings.samples_per_event
-        self.events_per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
+        self.events_per_commit = max(
+            1, min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events, SAMPLES_PER_COMMIT // per_event)
+        )
         burst = per_event * self.events_per_commit
         period = max(1, round(min(1e9 / rate, LONGEST_PERIOD_NS)))  # whole nanoseconds
         while appender.running and ctx.running:  # at any rate: a stop is never starved
@@ -131,6 +136,25 @@ class GeneratorDriver:
             "Value": [s * 37 % 1000 for s in sequence],
         }
         return columns_to_events(columns, self.constants, self.settings.routing_key)
+
+
+def _resume_at(ctx: DriverContext) -> int:
+    """The next sequence number, from the stored cursor (0 when there is none). A cursor of
+    another version, or without a whole `next_seq` of 0 or more, is refused: numbering
+    from a guess would send numbers the stream already holds, or skip some."""
+    cursor = ctx.cursor(CURSOR)
+    if cursor is None:
+        return 0
+    where = ctx.settings.buffer_file
+    if cursor.version != CURSOR_VERSION:
+        problem = f"has version {cursor.version}, this collector reads version {CURSOR_VERSION}"
+        hint = "run the collector that wrote it (a newer one), or move the buffer aside"
+        raise CursorUnreadable(where, CURSOR, problem, f"{hint}: {MOVE_ASIDE_COST}")
+    next_seq = cursor.value.get("next_seq")
+    if isinstance(next_seq, bool) or not isinstance(next_seq, int) or next_seq < 0:
+        problem = f"has no usable next_seq ({cursor.value!r:.200}: a whole number >= 0 is needed)"
+        raise CursorUnreadable(where, CURSOR, problem, CURSOR_HINT)
+    return next_seq
 
 
 class _Schedule:

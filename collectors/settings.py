@@ -26,7 +26,7 @@ from collectors.options import Option, OptionsReader, from_toml
 from collectors.psc_env import PREFIX, instances_from_env, variable_names
 from pipeline.config import FileModes, StoreUriError, checked_store_uri
 from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS, InvalidName, parse_stream
-from pipeline.streams.api import MAX_SEGMENTS
+from pipeline.streams.api import MAX_SEGMENTS, MAX_TXN_LEASE_SECONDS
 
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
 _COLLECTOR_KEYS = (
@@ -49,7 +49,6 @@ MAX_EVENTS_PER_TXN = 100_000
 MAX_TXN_BYTES = 1024**3
 MAX_LINGER_MS = 3_600_000
 #: Ten years: a lease is kept in nanoseconds as a signed 64-bit number (292 years at most).
-MAX_TXN_LEASE_SECONDS = 10 * 365 * 86_400
 LIMITS = {
     "samples_per_event": (
         "a driver holds an event's samples in memory until it is full, and an event is "

@@ -28,6 +28,20 @@ MAX_EVENT_SIZE = 8 * 1024 * 1024
 #: Long enough for weeks without network: an open transaction lives this long by default.
 #: 30 days is also the longest lease a Pravega controller grants.
 DEFAULT_TXN_LEASE_SECONDS = 30 * 24 * 3600
+#: The longest lease a transaction may ask for (ten years): far beyond any outage, and its
+#: expiry, in nanoseconds, stays inside 64 bits.
+MAX_TXN_LEASE_SECONDS = 10 * 365 * 86_400
+
+
+def check_lease(lease_seconds: float) -> float:
+    """`lease_seconds` if a transaction can be leased for that long, else `InvalidArgument`
+    (NaN, zero or less, past `MAX_TXN_LEASE_SECONDS`): refused when it begins, not a
+    transaction aborted at its commit, or an overflow."""
+    if not 0 < lease_seconds <= MAX_TXN_LEASE_SECONDS:  # NaN fails both comparisons
+        rule = f"a transaction's lease is more than 0 and at most {MAX_TXN_LEASE_SECONDS:,} s"
+        raise InvalidArgument(name="lease_seconds", value=lease_seconds, rule=rule)
+    return lease_seconds
+
 
 #: What a backend can do beyond the common core; the contract suite skips what is missing.
 Feature = Literal[

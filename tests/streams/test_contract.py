@@ -15,6 +15,7 @@ from pipeline.streams import (
     MAX_EVENT_SIZE,
     CutStreamMismatch,
     EventTooLarge,
+    InvalidArgument,
     InvalidCut,
     InvalidName,
     StreamCut,
@@ -172,6 +173,18 @@ def test_aborted_transaction_cannot_commit(backend, stream):
     with pytest.raises(TxnFailed, match="aborted"):
         txn.commit()
     assert list(backend.read(stream)) == []
+
+
+@pytest.mark.parametrize("lease", [0, -1, float("nan"), float("inf"), 1e300, 11 * 365 * 86_400])
+def test_a_lease_no_transaction_can_have_is_refused_when_it_begins(backend, stream, lease):
+    rule = "a transaction's lease is more than 0 and at most 315,360,000 s"
+    said = f"invalid lease_seconds {lease!r}: {rule}"
+    with pytest.raises(InvalidArgument, match=re.escape(said)):
+        backend.begin_transaction(stream, lease)
+    txn = backend.begin_transaction(stream, 10 * 365 * 86_400)  # the longest there is
+    txn.write(b"kept")
+    txn.commit()
+    assert payloads(backend.read(stream)) == [b"kept"]
 
 
 def test_unknown_transaction(backend, stream):

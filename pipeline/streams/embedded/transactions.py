@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal, NoReturn
 
 from pipeline.durable import fsync_dir
-from pipeline.streams.api import Transaction, TxnState
+from pipeline.streams.api import Transaction, TxnState, check_lease
 from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.blocks import (
     BadBlock,
@@ -63,7 +63,7 @@ class EmbeddedTransaction(Transaction):
         abort); until then every process reads the row from the id."""
         engine.check_writable(row)
         created = now_ns()
-        expiry = created + int(lease_seconds * 1e9)
+        expiry = created + int(check_lease(lease_seconds) * 1e9)
         return cls(engine, row, txn_ids.issue(engine.store_id, row.id, created, expiry))
 
     @classmethod

@@ -27,6 +27,7 @@ from pipeline.streams.api import (
     StreamInfo,
     StreamStore,
     Transaction,
+    check_lease,
     check_segments,
 )
 from pipeline.streams.cut import StreamCut, as_cut
@@ -191,6 +192,7 @@ class PravegaStore(StreamStore):
     ) -> Transaction:
         """Open a transaction. Its lease is the client's fixed 90 s, renewed while this process
         lives (`lease_seconds` cannot be passed on; see transactions.py)."""
+        check_lease(lease_seconds)
         scope, name = self._existing(stream)
         self._refuse_sealed(scope, name)
         if lease_seconds > CLIENT_TXN_LEASE_SECONDS and not self._lease_noted:

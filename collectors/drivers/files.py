@@ -37,6 +37,9 @@ from pipeline.streams import MAX_EVENT_SIZE
 from pipeline.wording import counted
 
 EVENTS_PER_COMMIT = 100
+#: ... and at most about this many bytes of events per commit: the events of a commit are held
+#: in memory, and 100 events of a wide file's rows (each up to the store's 8 MiB) are 800 MB.
+BYTES_PER_COMMIT = 32 << 20
 FILE_STATE_VERSION = 2  # 2: `digest`, the SHA-256 of the bytes ingested
 _IN_PROGRESS_SUFFIXES = (".tmp", ".part", ".partial", "~")
 
@@ -296,14 +299,15 @@ class FilesDriver:
             digest,
         )
         chunk: list[PendingEvent] = []
-        per_commit = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events)
+        per_commit, held = min(EVENTS_PER_COMMIT, ctx.buffer.capacity_events), 0
         for event in self._events(path, st, start):
             chunk.append(event)
-            if len(chunk) >= per_commit:
+            held += len(event.payload)
+            if len(chunk) >= per_commit or held >= BYTES_PER_COMMIT:
                 state = self._commit(ctx, chunk, state, done=False)
                 if state is None or not self._unchanged(ctx, path, st, state):
                     return
-                chunk = []
+                chunk, held = [], 0
                 if not ctx.running:
                     return  # stopping: a restart resumes after the rows just committed
         final = self._commit(ctx, chunk, state, done=True)

@@ -198,3 +198,31 @@ def test_a_glob_in_directories_is_named_as_such(make_config, dirs, tmp_path):
     config = files_config(make_config, [tmp_path / "in-*"])
     with pytest.raises(DriverError, match=re.escape("patterns are not expanded")):
         create_driver(config.instances[0])
+
+
+def test_a_commit_holds_a_bounded_number_of_bytes(
+    make_config, service, store_dir, dirs, monkeypatch
+):
+    """A commit's events are held in memory: wide rows made 100 events of up to 8 MiB each
+    (800 MB) one commit. Commits now end at `BYTES_PER_COMMIT` (made small here)."""
+    from collectors.drivers import files
+    from collectors.instance import InstanceContext
+
+    monkeypatch.setattr(files, "BYTES_PER_COMMIT", 1 << 20)
+    sizes: list[int] = []
+    real_append = InstanceContext.append
+
+    def append(self, events, *args, **kwargs):
+        sizes.append(sum(len(e.payload) for e in events))
+        return real_append(self, events, *args, **kwargs)
+
+    monkeypatch.setattr(InstanceContext, "append", append)
+    a, _ = dirs
+    wide = "x" * 100_000  # under the csv module's field limit
+    (a / "wide.csv").write_text("seq,blob\n" + "".join(f"{i},{wide}\n" for i in range(40)))
+    settle(a / "wide.csv")
+    running = service(files_config(make_config, [a], samples_per_event=1))
+    wait_for(lambda: len(rows_in(store_dir)) == 40, timeout=30)
+    running.stop()
+    assert [r["seq"] for r in rows_in(store_dir)] == list(range(40))
+    assert max(sizes) < (1 << 20) + 110_000, sizes  # at most one event past the limit

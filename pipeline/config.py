@@ -101,11 +101,11 @@ class StoreUriError(SluiceError, ValueError):
 
 def sluice_home() -> Path:
     """Everything written at run time lives under this directory (`$SLUICE_HOME`, `./.sluice`)."""
-    return Path(os.environ.get("SLUICE_HOME") or ".sluice").absolute()
+    return Path(os.environ.get("SLUICE_HOME") or ".sluice").expanduser().absolute()
 
 
 def config_path() -> Path:
-    return Path(os.environ.get("SLUICE_CONFIG") or "sluice.toml").absolute()
+    return Path(os.environ.get("SLUICE_CONFIG") or "sluice.toml").expanduser().absolute()
 
 
 def load_config(path: Path | None = None) -> dict:

@@ -222,3 +222,14 @@ def test_zero_segments_on_the_command_line_is_a_clear_error(tmp_path, capsys, st
     assert err.endswith("error: argument --segments: 0: a stream has at least 1 segment\n")
     assert "Traceback" not in err
     assert not store_dir.exists()  # nothing created
+
+
+def test_a_home_or_config_given_with_a_tilde_is_under_the_users_home(monkeypatch, tmp_path):
+    """An env file (docker, systemd) passes `~` on unexpanded: it named `./~/x`."""
+    from pipeline.config import config_path, sluice_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SLUICE_HOME", "~/sluice-home")
+    monkeypatch.setenv("SLUICE_CONFIG", "~/conf/sluice.toml")
+    assert sluice_home() == tmp_path / "sluice-home"
+    assert config_path() == tmp_path / "conf" / "sluice.toml"

@@ -39,7 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the model and its parameters, e.g. pipeline.models.nic:throughput,burst_mbps=5 "
         "(repeat for compare)",
     )
-    p.add_argument("--output", type=Path, help="output directory (one model only)")
+    p.add_argument(
+        "--output",
+        type=Path,
+        help="output directory (one model only); a relative path is under $SLUICE_HOME, "
+        "as for `sluice run export`",
+    )
     p.add_argument("--schema", help="Avro schema of the stream (default: from sluice.toml)")
     slices_stream_option(p)
     p.add_argument(
@@ -81,7 +86,7 @@ def _schema_for(stream: str, given: str | None) -> str:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from pipeline.config import sluice_home
+    from pipeline.config import sluice_home, under_home
     from pipeline.jobs.replay import (
         ModelError,
         ReplayError,
@@ -112,7 +117,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         task.stage(f"finding slice {slice_id}")
         record = find_slice(store, slice_id, args.slices_stream)
         plan = flatten_plan(_schema_for(record.stream, args.schema))
-        output = args.output if not comparing else None
+        output = under_home(args.output) if args.output and not comparing else None
         check_readable(store, record)  # a truncated slice: refused before Spark starts
         for model in models:  # a file in the way, a full disk: refused before Spark starts
             output_directory(record, model, sluice_home(), output)

@@ -176,12 +176,8 @@ class OutputGone(SluiceError, LookupError):
     stands and never write them again, so the views and checks would stay short for good."""
 
     def __init__(self, output: Path, checkpoint: Path, fmt: str, published: int) -> None:
-        self.output, self.checkpoint, self.format, self.published = (
-            output,
-            checkpoint,
-            fmt,
-            published,
-        )
+        self.output, self.checkpoint = output, checkpoint
+        self.format, self.published = fmt, published
         msg = (
             f"export to {output}: none of the {published} {fmt} files its checkpoint "
             f"{checkpoint} published is there any more (deleted, or the directory moved): "

@@ -393,6 +393,15 @@ class StreamingJoin:
         self._latest[side] = float(times[-1])
         return self._emit()
 
+    def buffered(self, side: Side) -> int:
+        """Rows of `side` kept for pairs not final yet."""
+        table = self._tables[side]
+        return 0 if table is None else table.num_rows
+
+    def latest(self, side: Side) -> float | None:
+        """The time of `side`'s latest record (None before its first)."""
+        return None if self._latest[side] == -np.inf else self._latest[side]
+
     def end(self, side: Side) -> pa.Table | None:
         """Declare a series complete; return the rows that became final."""
         self._ended[side] = True

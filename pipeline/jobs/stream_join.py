@@ -14,6 +14,7 @@ points where a crash matters to exactly-once (`Failpoints`, `$SLUICE_TEST_JOIN_F
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter
 
     from pipeline.schemas import FlattenPlan
+
+log = logging.getLogger(__name__)
 
 NS = 1_000_000_000
 TIME_COLUMN = "TimestampNanos"
@@ -203,10 +206,12 @@ def process_batch(
     def step(joiner: StreamingJoin) -> int:
         parts = []
         sides: tuple[tuple[Side, SeriesSource], ...] = (("left", spec.left), ("right", spec.right))
+        before = {side: joiner.buffered(side) for side, _ in sides}
         for side, source in sides:
             out = joiner.push(side, _series_rows(plan, source.select(events), spec.time_column))
             if out is not None:
                 parts.append(out)
+        _say_who_waits(spec, joiner, before)
         if not parts:
             return 0
         rows = pa.concat_tables(parts)
@@ -229,6 +234,36 @@ def process_batch(
     if done is not None:
         failpoints.hit("join.after_state")
     return done or 0
+
+
+#: A side with this many rows kept (waiting for the other series to pass their time) is
+#: reported, and again each time the count doubles: a sensor of the other side that stopped
+#: writing leaves every row of this one waiting, in memory and in the state of each batch.
+WAITING_ROWS = 1_000_000
+
+
+def _doublings(rows: int) -> int:
+    """0 below `WAITING_ROWS`, then 1, 2, 3... at each doubling past it."""
+    return (rows // WAITING_ROWS).bit_length()
+
+
+def _say_who_waits(spec: StreamJoinSpec, joiner: StreamingJoin, before: dict[Side, int]) -> None:
+    for side, other, source in (("left", "right", spec.right), ("right", "left", spec.left)):
+        now = joiner.buffered(side)
+        if _doublings(now) <= _doublings(before[side]):
+            continue
+        latest = joiner.latest(other)
+        since = "no record of it yet" if latest is None else f"its latest time is {latest:.0f}"
+        log.warning(
+            "join: %s %s rows wait for the %s series %s#%s (%s): a pair is final only once "
+            "both series have passed its time; check that its sensor still writes",
+            f"{now:,}",
+            side,
+            other,
+            source.stream,
+            source.routing_key,
+            since,
+        )
 
 
 def _publish(output: Path, batch_id: int, rows: pa.Table, failpoints: Failpoints) -> None:

@@ -19,6 +19,7 @@ from pipeline.jobs.stream_join import (
 from tests.jobs.test_bookmark import events_table
 from tests.jobs.test_stream_join import (
     PLAN,
+    STREAM,
     expected_final,
     join_argv,
     parts,
@@ -117,3 +118,28 @@ def test_a_failpoint_spec_that_names_no_point_is_refused(spec, reason):
     said = f"{FAILPOINTS_ENV}: failpoint {spec!r} {reason}; use NAME or NAME:HIT"
     with pytest.raises(BadFailpoints, match=re.escape(said)):
         Failpoints(spec, variable=FAILPOINTS_ENV, known=FAILPOINTS)
+
+
+def test_rows_that_wait_for_a_silent_series_are_reported_as_they_grow(
+    store, store_dir, tmp_path, monkeypatch, caplog
+):
+    """One side's sensor stopped writing: the other side's rows wait for it, in memory and
+    in each batch's state. The job says so when they pass a bound, and at each doubling."""
+    from pipeline.jobs import stream_join
+
+    monkeypatch.setattr(stream_join, "WAITING_ROWS", 20)
+    two_series(store)
+    spec = spec_for(store_dir, tmp_path / "out")
+    silent = dataclasses.replace(spec, right=dataclasses.replace(spec.right, routing_key="gone"))
+    events = events_table(store)
+    with caplog.at_level("WARNING", logger="pipeline.jobs.stream_join"):
+        for batch, first in enumerate(range(0, 12, 2)):
+            process_batch(silent, PLAN, tmp_path / "cp" / "join", batch, events.slice(first, 2))
+    said = [r.getMessage() for r in caplog.records]
+    # edge1's 10 rows an event, 6 events: 20 rows (reported), 40 (reported), 60 (not yet 80)
+    assert said == [
+        f"join: {n} left rows wait for the right series {STREAM}#gone (no record of it yet): a "
+        "pair is final only once both series have passed its time; check that its sensor "
+        "still writes"
+        for n in (20, 40)
+    ]

@@ -2,8 +2,8 @@
 
 Every streaming job runs through `run_query` on its checkpoint: until caught up
 (`--available-now`) or continuously, from `--from` on its first start and from the
-checkpoint after, with one `BatchReport` per batch (`reports.py`). A `foreachBatch` job keeps its state
-between batches with `BatchStates`. A job's spec gives its own command line through
+checkpoint after, with one `BatchReport` per batch (`reports.py`). A `foreachBatch` job keeps
+its state between batches with `BatchStates`. A job's spec gives its own command line through
 `sluice_run` and `RunOptions.flags()`. A run until caught up that finds nothing to do
 (`caught_up`: the checkpoint settled at every source's tail) returns before Spark starts, so a
 job takes a session or a function that makes one. The shape of a job: `DESIGN.md`."""

@@ -7,7 +7,9 @@ Bookmarking and slicing as in Pravega's StreamCuts sample: per sensor, a run of 
 events meeting a condition (`--below`, `--above`, `--burst-mbps`, `--predicate`) becomes one
 slice with cuts as tight as event boundaries allow, if at least `--min-samples` of its samples
 meet it (shorter runs, a lone spike, are not slices). Delivery: **exactly-once slices** (state
-saved per batch, deterministic slice ids). Conditions, cuts, state: `DESIGN.md`, "bookmark"."""
+saved per batch, deterministic slice ids). A checkpoint keeps the conditions, sensors and
+minimum its state was made with: a run with others is refused (`ParametersChanged`), never
+mixed. Conditions, cuts, state: `DESIGN.md`, "bookmark"."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import SluiceError
-from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, JobParameters, default_checkpoint
 from pipeline.jobs.in_process import events_batch
 from pipeline.jobs.runner import (
     SERVICE,
@@ -441,6 +443,26 @@ def _foreach(spec: BookmarkSpec, plan: FlattenPlan, root: Path) -> Callable[[Dat
     return run_batch
 
 
+def bookmark_parameters(spec: BookmarkSpec) -> JobParameters:
+    """What a checkpoint's open runs and slices were made with: the sensors, the conditions
+    and the minimum (`name` only signs the slices; the schema may evolve)."""
+    conditions = [" ".join(c.flags()) for c in spec.conditions]
+    flags = (f"--sensor-by {spec.sensor_by}", *conditions, f"--min-samples {spec.min_samples}")
+    return JobParameters("bookmark", flags)
+
+
+#: Why a bookmark's checkpoint refuses other conditions, sensors or minimum
+BOOKMARK_CHANGED = (
+    "its state holds runs opened under those, which would close as slices of the new ones, "
+    "and its slices so far used them"
+)
+#: How to bookmark with other ones
+BOOKMARK_REMEDY = (
+    "give a new --checkpoint to use the new ones (with --from head it slices the whole stream "
+    "again, beside the slices already recorded)"
+)
+
+
 def bookmark(
     spark: SparkSession,
     spec: BookmarkSpec,
@@ -463,6 +485,12 @@ def bookmark(
         return events.writeStream.foreachBatch(process).queryName(f"bookmark {spec.stream}")
 
     with Checkpoint(root, identity) as checkpoint:
+        has_output = any((checkpoint.root / "bookmarks").glob("state-*.json"))
+        wanted = bookmark_parameters(spec)
+        checkpoint.check_parameters(
+            wanted, has_output=has_output, why=BOOKMARK_CHANGED, remedy=BOOKMARK_REMEDY
+        )
+        checkpoint.note_start(run.starting)
         source = JobSource(spec.store, spec.stream)
         small = events_batch(_process_events(spec, plan, checkpoint.root / "bookmarks"))
         batches = run_query(

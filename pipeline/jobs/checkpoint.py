@@ -1,6 +1,7 @@
 """A job's checkpoint directory: held by one run at a time, and read for its progress.
 
     <checkpoint>/job.json       which job it belongs to (`JobIdentity`, versioned)
+                 parameters.json  what its output was made with beyond that (`JobParameters`)
                  start_cut      the cut its first batch started from (`--from` resolved);
                  start_cut.N    with several sources (a join), the cut of source N
                  run.lock       `flock`ed by the one run using it; holds that run's pid
@@ -8,15 +9,19 @@
                  ledger.sqlite  the sink's batch ledger (`pipeline/spark/ledger.py`)
                  stop/          a running query's stop request (`stopping.py`)
 
-A run on a checkpoint in use (`CheckpointInUse`) or of another job (`CheckpointMismatch`) is
-refused. Progress is read without the lock, so a sensor can follow a running service; whether
-anything is in doubt (`settled_position`) is read by the run holding it, before Spark starts.
+A run on a checkpoint in use (`CheckpointInUse`), of another job (`CheckpointMismatch`) or,
+once it has output, with other parameters (`ParametersChanged`) is refused; `--from` counts on
+a new checkpoint only, and a run that gives another one is told so (`note_start`). Progress
+is read without the lock, so a sensor can follow a running service; whether anything is in
+doubt (`settled_position`) is read by the run holding it, before Spark starts.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -33,7 +38,10 @@ from pipeline.spark.ledger import BatchLedger
 from pipeline.streams import StreamCut
 
 IDENTITY_VERSION = 1
+PARAMETERS_VERSION = 1
 OFFSET_LOG_VERSION = "v1"
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(SluiceError):
@@ -60,6 +68,61 @@ class CheckpointMismatch(CheckpointError):
         super().__init__(msg)
 
 
+class ParametersChanged(CheckpointError):
+    """A run on a checkpoint with output made with other parameters: going on would mix the
+    two under one checkpoint (slices of two conditions, files of another format only from
+    here on) without a word. `recorded` and `wanted` are the two sets of flags; `why` says
+    what a change would mix, `remedy` how to go on with the new ones."""
+
+    def __init__(
+        self,
+        path: Path,
+        job: str,
+        recorded: tuple[str, ...],
+        wanted: tuple[str, ...],
+        *,
+        why: str,
+        remedy: str,
+    ) -> None:
+        self.path, self.job, self.recorded, self.wanted = path, job, recorded, wanted
+        gone = ", ".join(f for f in recorded if f not in wanted)
+        new = ", ".join(f for f in wanted if f not in recorded)
+        if gone and new:
+            change = f"with {gone}, not {new}"
+        else:
+            change = f"without {new}" if new else f"with {gone}, which this run lacks"
+        again = " ".join(recorded) or "none of them"
+        msg = (
+            f"{job} checkpoint {path} was made {change}: {why}. Run again with {again}, or {remedy}"
+        )
+        super().__init__(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class JobParameters:
+    """What a checkpoint's output was made with beyond its identity: the flags (as the
+    command line gives them, e.g. `--format csv,parquet`) whose change would mix two kinds of
+    output under one checkpoint, in any order. Saved as `<checkpoint>/parameters.json`."""
+
+    job: str
+    flags: tuple[str, ...]
+    version: int = PARAMETERS_VERSION
+
+    @classmethod
+    def read(cls, root: Path) -> JobParameters | None:
+        path = root / "parameters.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise UnreadableCheckpoint(root, f"{path}: {exc}") from None
+        if not isinstance(data, dict) or data.get("version") != PARAMETERS_VERSION:
+            reason = f"{path} is not version {PARAMETERS_VERSION}"
+            raise UnreadableCheckpoint(root, reason)
+        return cls(str(data["job"]), tuple(data["flags"]))
+
+
 @dataclass(frozen=True, slots=True)
 class JobIdentity:
     """What a checkpoint's positions mean: the job, where it reads and where it writes."""
@@ -74,14 +137,45 @@ class JobIdentity:
 
 
 def default_checkpoint(job: str, source_stream: str, target: str) -> Path:
-    """`$SLUICE_HOME/checkpoints/<job>/<source>--<target>` with names made path-safe."""
-    slug = f"{_safe(source_stream)}--{_safe(target)}"
-    return sluice_home() / "checkpoints" / job / slug
+    """`$SLUICE_HOME/checkpoints/<job>/<source>--<target>-<hash>`: the names made path-safe
+    (readable, not unique: `/d/out a` and `/d/out.a` read alike, a long name keeps its tail)
+    and 16 hex digits of a hash of the exact names, so two jobs never share one.
+
+    A checkpoint made before the hash (`<source>--<target>`) is still found: when the hashed
+    directory does not exist and the legacy one's `job.json` names this source and target,
+    that one is the default (`_legacy_checkpoint`)."""
+    folder = sluice_home() / "checkpoints" / job
+    slug = f"{_safe(source_stream, 100)}--{_safe(target, 100)}"
+    hashed = folder / f"{slug}-{_identity_hash(job, source_stream, target)}"
+    if hashed.exists():
+        return hashed
+    legacy = folder / f"{_safe(source_stream)}--{_safe(target)}"
+    return legacy if _legacy_checkpoint(legacy, source_stream, target) else hashed
 
 
-def _safe(text: str) -> str:
+def _identity_hash(job: str, source_stream: str, target: str) -> str:
+    text = json.dumps([job, source_stream, target])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _legacy_checkpoint(root: Path, source_stream: str, target: str) -> bool:
+    """Whether `root`, a default checkpoint named before the hash, is this job's: its
+    `job.json` reads `<store>#<source>` and `<target>` (or `<store>#<target>`: a mirror's).
+    The legacy name squashed other names onto it, so the name alone does not say."""
+    try:
+        recorded = json.loads((root / "job.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(recorded, dict):
+        return False
+    source, wanted = str(recorded.get("source", "")), str(recorded.get("target", ""))
+    same_source = source.endswith(f"#{source_stream}")
+    return same_source and (wanted == target or wanted.endswith(f"#{target}"))
+
+
+def _safe(text: str, keep: int = 120) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", ".", text.strip("/")).strip(".")
-    return cleaned[-120:] or "default"
+    return cleaned[-keep:] or "default"
 
 
 class Checkpoint:
@@ -163,6 +257,40 @@ class Checkpoint:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
+
+    def check_parameters(
+        self, wanted: JobParameters, *, has_output: bool, why: str, remedy: str
+    ) -> None:
+        """Refuse (`ParametersChanged`, saying `why` a change matters and the `remedy`) to go
+        on with other parameters than those the checkpoint's output was made with; else
+        record `wanted`.
+
+        `has_output`: whether anything made with the recorded ones may be out or be published
+        by a re-run (a planned batch, a saved state). Before that, new parameters replace
+        the recorded ones: a first run that failed can be run again otherwise. A checkpoint
+        from before parameters were recorded takes this run's."""
+        recorded = JobParameters.read(self.root)
+        if recorded is not None and has_output and set(recorded.flags) != set(wanted.flags):
+            flags = (recorded.flags, wanted.flags)
+            raise ParametersChanged(self.root, wanted.job, *flags, why=why, remedy=remedy)
+        if recorded != wanted:
+            durable.write_json(self.root / "parameters.json", asdict(wanted))
+
+    def note_start(self, starting: str) -> None:
+        """Say (a warning) that a `--from` other than the default is not where this run starts:
+        a checkpoint that has begun goes on from where it stopped."""
+        recorded = self.start_cut
+        if starting.lower() == "head" or self.is_new or starting == recorded:
+            return
+        began = f" (it began at {recorded})" if recorded else ""
+        log.warning(
+            "%s: --from %s ignored: checkpoint %s goes on from where it stopped%s; --from "
+            "counts for a new checkpoint only (give a new --checkpoint to start there)",
+            self.identity.job,
+            starting,
+            self.root,
+            began,
+        )
 
     def _check_identity(self) -> None:
         path = self.root / "job.json"

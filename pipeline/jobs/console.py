@@ -106,6 +106,7 @@ def console(
         return events.writeStream.foreachBatch(printer).queryName(f"console {spec.stream}")
 
     with Checkpoint(root, identity) as checkpoint:
+        checkpoint.note_start(run.starting)
         source = JobSource(spec.store, spec.stream)
         small = events_batch(_print_events(spec, out or sys.stdout))
         batches = run_query(

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 from pipeline import durable
 from pipeline.config import sluice_home
 from pipeline.errors import SluiceError
-from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint, ledger_totals
+from pipeline.jobs.checkpoint import (
+    Checkpoint,
+    JobIdentity,
+    JobParameters,
+    default_checkpoint,
+    ledger_totals,
+)
 from pipeline.jobs.in_process import stream_writer_batch
 from pipeline.jobs.runner import (
     SERVICE,
@@ -176,8 +182,12 @@ class OutputGone(SluiceError, LookupError):
     stands and never write them again, so the views and checks would stay short for good."""
 
     def __init__(self, output: Path, checkpoint: Path, fmt: str, published: int) -> None:
-        self.output, self.checkpoint = output, checkpoint
-        self.format, self.published = fmt, published
+        self.output, self.checkpoint, self.format, self.published = (
+            output,
+            checkpoint,
+            fmt,
+            published,
+        )
         msg = (
             f"export to {output}: none of the {published} {fmt} files its checkpoint "
             f"{checkpoint} published is there any more (deleted, or the directory moved): "
@@ -272,6 +282,25 @@ def registered_exports(home: Path | None = None) -> list[ExportRecord]:
     return [ExportRecord.read(path) for path in sorted(registry.glob("*.json"))]
 
 
+def export_parameters(spec: ExportSpec, plan: FlattenPlan) -> JobParameters:
+    """What an export's files were made with beyond its stream and output: the formats and
+    the event-time column that partitions the rows (the one `--time-field` names, else the
+    schema's). The schema may change (`check_schema_fits`), and `max_rows_per_file` only
+    sizes files."""
+    formats = ",".join(sorted(set(spec.formats)))
+    time = () if plan.time is None else (f"--time-field {plan.time.name}",)
+    return JobParameters("export", (f"--format {formats}", *time))
+
+
+#: Why an export's checkpoint refuses other formats or another time field
+EXPORT_CHANGED = (
+    "a format added would hold only the rows from here on, one dropped would stay behind as "
+    "it is, and rows partitioned by another time field would sit beside those already there"
+)
+#: How to export with other ones
+EXPORT_REMEDY = "export to a new --output with a new --checkpoint to use the new ones"
+
+
 def export(
     spark: SparkSession | SessionFactory,
     spec: ExportSpec,
@@ -311,6 +340,12 @@ def export(
         )
 
     with Checkpoint(root, identity) as checkpoint:
+        wanted = export_parameters(spec, plan)
+        has_output = not checkpoint.is_new
+        checkpoint.check_parameters(
+            wanted, has_output=has_output, why=EXPORT_CHANGED, remedy=EXPORT_REMEDY
+        )
+        checkpoint.note_start(run.starting)
         check_output_kept(output, checkpoint.root, spec.formats)
         check_output_free(spec, output, checkpoint.root)
         record_export(spec)

@@ -6,7 +6,9 @@
 
 The target may be in another scope, store or a Pravega cluster; `fixed_routing_key` gives all
 events one key (one per edge site). Delivery: **exactly-once** (the `sluice` sink commits a
-batch once, by the ledger); per-key order kept. `commit_mode`: `DESIGN.md`, "mirror"."""
+batch once, by the ledger); per-key order kept. A checkpoint keeps its `fixed_routing_key`: a
+run with another is refused (`ParametersChanged`), never mixed into the target stream.
+`commit_mode`: `DESIGN.md`, "mirror"."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
+from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, JobParameters, default_checkpoint
 from pipeline.jobs.in_process import stream_writer_batch
 from pipeline.jobs.runner import (
     SERVICE,
@@ -56,6 +58,22 @@ class MirrorSpec:
         return sluice_run(self.store, "mirror", flags, run)
 
 
+def mirror_parameters(spec: MirrorSpec) -> JobParameters:
+    """What the target's events were copied with: their routing key (`commit_mode` is how
+    they are written, not what: it may change between runs)."""
+    key = spec.fixed_routing_key
+    return JobParameters("mirror", () if key is None else (f"--fixed-routing-key {key}",))
+
+
+#: Why a mirror's checkpoint refuses another `fixed_routing_key`
+KEY_CHANGED = (
+    "the events it copied already carry those routing keys, and later ones would carry others "
+    "in the same target stream"
+)
+#: How to mirror with another one
+KEY_REMEDY = "give a new --checkpoint and a new --to stream to copy with the new ones"
+
+
 def ensure_target(spec: MirrorSpec) -> None:
     """Create the target stream (as many segments as the source) if it does not exist."""
     with open_store(spec.store) as source:
@@ -95,6 +113,12 @@ def mirror(
         )
 
     with Checkpoint(root, identity) as checkpoint:
+        has_output = not checkpoint.is_new
+        wanted = mirror_parameters(spec)
+        checkpoint.check_parameters(
+            wanted, has_output=has_output, why=KEY_CHANGED, remedy=KEY_REMEDY
+        )
+        checkpoint.note_start(run.starting)
         # Range rows: each task copies its range from the source store itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")
         small = stream_writer_batch("sluice", options(checkpoint))

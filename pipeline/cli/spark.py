@@ -78,7 +78,7 @@ def _public(state) -> dict:
 def _start(args: argparse.Namespace) -> int:
     from pipeline.config import sluice_home
     from pipeline.jobs.stopping import sigterm_as_ctrl_c
-    from pipeline.spark import connect
+    from pipeline.spark import connect, zip_bytecode
 
     conf = _settings()
     if args.foreground:
@@ -88,8 +88,8 @@ def _start(args: argparse.Namespace) -> int:
         env = connect.server_environment(token, args.host)
         print(f"sluice: Spark Connect on {args.host}:{port}", file=sys.stderr, flush=True)
         os.execve(command[0], command, env)
-    if missing := connect.without_bytecode():
-        print(f"sluice: warning: {connect.bytecode_advice(missing)}", file=sys.stderr)
+    if missing := zip_bytecode.without_bytecode():
+        print(f"sluice: warning: {zip_bytecode.bytecode_advice(missing)}", file=sys.stderr)
     home = sluice_home()
     with sigterm_as_ctrl_c():  # Ctrl-C or SIGTERM: `start_server` stops what it launched
         state = connect.start_server(home, conf, host=args.host, port=args.port)

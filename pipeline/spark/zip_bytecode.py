@@ -14,6 +14,8 @@ seconds). The `.py` files stay, so tracebacks still show source. The new zip rep
 one atomically (a new file, never the old inode: package managers hard-link installed files
 from their cache). `make install` runs it (`python -m pipeline.spark.zip_bytecode`); a zip
 that already holds bytecode is left alone, and a reinstalled pyspark gets it again.
+`without_bytecode` names what the server's Python processes would still compile each time
+(`sluice spark start` warns with `bytecode_advice`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,88 @@ def add_bytecode(path: Path) -> int:
         Path(temporary).unlink(missing_ok=True)
         raise
     return compiled
+
+
+#: What the server's new Python processes import first: its `foreachBatch` process (one per
+#: streaming query), the Python workers of its tasks and Sluice's data sources.
+SERVER_PYTHON_MODULES = (
+    "pyspark.sql.connect.streaming.worker.foreach_batch_worker",
+    "pyspark.worker",
+    "pandas",
+    "pipeline.spark.source",
+)
+
+
+def without_bytecode(modules: tuple[str, ...] = SERVER_PYTHON_MODULES) -> list[str]:
+    """Spark's `pyspark.zip` if it holds no bytecode, and the modules among `modules` that
+    have no up-to-date compiled bytecode where this Python looks for it and that no Python
+    process will write it for (PYTHONDONTWRITEBYTECODE, a read-only install). Every new
+    Python process compiles those again: the server's `foreachBatch` process then took 4 to 6 s
+    to start on an idle 2-core machine and over Spark's 10 s on a busy one ("Python worker
+    failed to connect back"); `benchmarks/bytecode.py`."""
+    import importlib.util
+
+    missing = []
+    spark_zip = pyspark_zip()
+    if spark_zip is not None and not has_bytecode(spark_zip):
+        missing.append(str(spark_zip))  # what Spark's Python processes import pyspark from
+    for name in modules:
+        if spark_zip is not None and name.split(".")[0] == "pyspark":
+            continue
+        if (source := _source_file(name)) is None:
+            continue
+        cache = importlib.util.cache_from_source(source)
+        if not sys.dont_write_bytecode and _writable(Path(cache).parent):
+            continue  # the first process that imports it writes it
+        try:
+            with open(cache, "rb") as cached:
+                header = cached.read(16)
+            stat = os.stat(source)
+        except OSError:
+            missing.append(name)
+            continue
+        flags = int.from_bytes(header[4:8], "little")
+        stamp = (int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little"))
+        if flags == 0 and stamp != (int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF):
+            missing.append(name)
+    return missing
+
+
+def _writable(directory: Path) -> bool:
+    """Can this user write `directory`, or create it under its nearest existing parent?"""
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    return os.access(directory, os.W_OK)
+
+
+def _source_file(name: str) -> str | None:
+    """The `.py` file of module `name`, found without importing it or its packages (the
+    server's modules import pandas, which warns about its version on import)."""
+    import importlib.util
+
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return None
+    if not rest:
+        return spec.origin if spec.origin.endswith(".py") else None
+    if not spec.submodule_search_locations:
+        return None
+    base = Path(next(iter(spec.submodule_search_locations)), *rest)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def bytecode_advice(missing: list[str]) -> str:
+    return (
+        f"no compiled bytecode for {', '.join(missing)}: each Python process the server starts "
+        "compiles them again, and one that needs over 10 s fails with 'Python worker failed "
+        "to connect back'. Compile them once, as `make install` does: `uv sync "
+        f"--compile-bytecode` (or `{sys.executable} -m compileall -q <site-packages> <sluice "
+        f"checkout>`) and `{sys.executable} -m pipeline.spark.zip_bytecode` (pyspark.zip)"
+    )
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """`sluice spark start` warns when the server's Python processes would compile their modules
-again in every process (no up-to-date `.pyc`): `connect.without_bytecode`."""
+again in every process (no up-to-date `.pyc`): `zip_bytecode.without_bytecode`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import py_compile
 import sys
 import zipfile
 
-from pipeline.spark import connect
-from pipeline.spark.zip_bytecode import add_bytecode
+from pipeline.spark import zip_bytecode
 
 
 def test_modules_without_up_to_date_bytecode_are_named_without_importing_them(
@@ -28,21 +27,21 @@ def test_modules_without_up_to_date_bytecode_are_named_without_importing_them(
 
     # where Python may write bytecode, the first process that imports a module writes it
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    assert connect.without_bytecode(names) == []
+    assert zip_bytecode.without_bytecode(names) == []
 
     monkeypatch.setattr(sys, "dont_write_bytecode", True)  # PYTHONDONTWRITEBYTECODE=1
-    assert connect.without_bytecode(names) == ["noisy.inner.work", "noisy"]
+    assert zip_bytecode.without_bytecode(names) == ["noisy.inner.work", "noisy"]
 
     for source in (module, package / "__init__.py"):
         py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))
-    assert connect.without_bytecode(names) == []
+    assert zip_bytecode.without_bytecode(names) == []
 
     module.write_text("VALUE = 22\n")  # changed since it was compiled: stale
-    assert connect.without_bytecode(names) == ["noisy.inner.work"]
+    assert zip_bytecode.without_bytecode(names) == ["noisy.inner.work"]
 
 
 def test_the_advice_names_the_modules_and_the_fix():
-    advice = connect.bytecode_advice(["pyspark.worker", "pandas"])
+    advice = zip_bytecode.bytecode_advice(["pyspark.worker", "pandas"])
     assert "pyspark.worker, pandas" in advice
     assert "--compile-bytecode" in advice and "compileall" in advice
     assert "connect back" in advice
@@ -54,6 +53,6 @@ def test_a_pyspark_zip_without_bytecode_is_named(tmp_path, monkeypatch):
     with zipfile.ZipFile(lib / "pyspark.zip", "w") as archive:
         archive.writestr("pyspark/__init__.py", "")
     monkeypatch.setenv("SPARK_HOME", str(tmp_path))
-    assert connect.without_bytecode(()) == [str(lib / "pyspark.zip")]
-    add_bytecode(lib / "pyspark.zip")
-    assert connect.without_bytecode(()) == []
+    assert zip_bytecode.without_bytecode(()) == [str(lib / "pyspark.zip")]
+    zip_bytecode.add_bytecode(lib / "pyspark.zip")
+    assert zip_bytecode.without_bytecode(()) == []

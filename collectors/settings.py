@@ -25,8 +25,14 @@ from collectors.errors import ConfigError
 from collectors.options import Option, OptionsReader, from_toml
 from collectors.psc_env import PREFIX, instances_from_env, variable_names
 from pipeline.config import FileModes, StoreUriError, checked_store_uri
-from pipeline.streams import DEFAULT_TXN_LEASE_SECONDS, InvalidName, parse_stream
+from pipeline.streams import (
+    DEFAULT_TXN_LEASE_SECONDS,
+    InvalidName,
+    InvalidRoutingKey,
+    parse_stream,
+)
 from pipeline.streams.api import MAX_SEGMENTS, MAX_TXN_LEASE_SECONDS
+from pipeline.streams.names import check_routing_key
 
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
 _COLLECTOR_KEYS = (
@@ -252,7 +258,7 @@ def _instance(
         driver=spec.name,
         stream=stream,
         store=_store(r, "store", store, home),
-        routing_key=r.text("routing_key", socket.gethostname()) or None,
+        routing_key=_routing_key(r),
         samples_per_event=_bounded(r, "samples_per_event", 1000, MAX_SAMPLES_PER_EVENT),
         buffer_file=r.path("buffer_file", state_dir / f"{name}.db").absolute(),
         capacity_events=_bounded(r, "capacity_events", 100_000, MAX_CAPACITY_EVENTS),
@@ -286,6 +292,18 @@ def _stream(r: OptionsReader) -> str:
     except InvalidName as exc:
         r.fail("stream", f"is not a valid stream name ({exc.reason})", "use SCOPE/STREAM")
     return stream
+
+
+def _routing_key(r: OptionsReader) -> str | None:
+    """The instance's routing key (default: the host name; empty: no key, so its events go
+    to any segment), refused here if the store could not hold it, rather than by every
+    transaction the sender would try."""
+    key = r.text("routing_key", socket.gethostname()) or None
+    try:
+        check_routing_key(key)
+    except InvalidRoutingKey as exc:
+        r.fail("routing_key", f"is not a routing key: {exc.reason}")
+    return key
 
 
 def _lease_seconds(r: OptionsReader) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 
     from pipeline.schemas import FlattenPlan
     from pipeline.streams import StreamStore
+
+log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 DEFAULT_NAME = "bookmark"
@@ -239,17 +242,28 @@ def check_spec(spec: BookmarkSpec, plan: FlattenPlan) -> None:
     check_conditions(spec)
     names = {*plan.arrow_schema.names, *OWN_COLUMNS}
     if spec.sensor_by != "routing_key":
-        from pipeline.schemas.sensors import sensor_columns
-
-        missing = [c for c in sensor_columns(spec.sensor_by) if c not in names]
-        if missing:
-            msg = "--sensor-by"
-            raise BookmarkError(msg, f"no column {', '.join(missing)} in the rows")
+        check_sensor_by(spec.sensor_by, plan.arrow_schema.names)
     for c in spec.conditions:
         if c.kind in ("below", "above") and c.field not in names:
             msg = f"--{c.kind}"
             raise BookmarkError(msg, f"no column {c.field!r} in the rows")
     parse_stream(spec.slices_stream)
+
+
+def check_sensor_by(sensor_by: str, columns: list[str]) -> None:
+    """Refuse sensor columns that the flattened rows (`columns`) lack: the bookmark's own
+    `_routing_key`, `_time_ns` and `_sensor` are added after the sensors are named."""
+    from pipeline.schemas.sensors import sensor_columns
+
+    missing = [c for c in sensor_columns(sensor_by) if c not in columns]
+    if not missing:
+        return
+    said = ", ".join(repr(c) for c in missing)
+    reason = f"no column {said} in the rows: name columns of the schema, comma-separated"
+    if any(c in OWN_COLUMNS for c in missing):
+        reason += " (for the routing key, --sensor-by routing_key)"
+    msg = "--sensor-by"
+    raise BookmarkError(msg, reason)
 
 
 # --- one batch ------------------------------------------------------------------------------
@@ -259,11 +273,8 @@ class Bookmarker:
     """Applies the conditions to batches of events, in stream order, updating `state`."""
 
     def __init__(self, spec: BookmarkSpec, plan: FlattenPlan, state: BookmarkState) -> None:
-        from pipeline.schemas.sensors import sensor_columns
-
         check_conditions(spec)
         self.spec, self.plan, self.state = spec, plan, state
-        self.columns = sensor_columns(spec.sensor_by)
         self.predicates = {
             c.predicate: _predicate(c.predicate) for c in spec.conditions if c.kind == "predicate"
         }
@@ -276,10 +287,7 @@ class Bookmarker:
         out = flatten(self.plan, batch)
         sensors = None
         if self.spec.sensor_by != "routing_key":
-            missing = [c for c in self.columns if c not in out.rows.column_names]
-            if missing:
-                msg = "--sensor-by"
-                raise BookmarkError(msg, f"no column {', '.join(missing)} in the rows")
+            check_sensor_by(self.spec.sensor_by, out.rows.column_names)
             # a row with a null among them has no sensor (None): no slice, and no replay, has it
             sensors = sensor_names(out.rows, self.spec.sensor_by).to_numpy(zero_copy_only=False)
         frame = out.rows.to_pandas()
@@ -291,7 +299,35 @@ class Bookmarker:
             keys[k] for k in zip(frame["_segment"], frame["_offset"], strict=True)
         ]
         frame["_sensor"] = frame["_routing_key"] if sensors is None else sensors
+        self._say_unnamed(frame)
         return frame
+
+    def _say_unnamed(self, frame: pd.DataFrame) -> None:
+        """Warn about rows of no sensor (an event without a routing key, or a null among the
+        sensor columns): no run, and no slice, holds them."""
+        unnamed = frame["_sensor"].isna()
+        if not unnamed.any():
+            return
+        events = frame.loc[unnamed, ["_segment", "_offset"]].drop_duplicates()
+        why = (
+            "have no routing key"
+            if self.spec.sensor_by == "routing_key"
+            else f"have a null among the --sensor-by columns {self.spec.sensor_by}"
+        )
+        remedy = (
+            "name sensors by columns (--sensor-by) to bookmark them"
+            if self.spec.sensor_by == "routing_key"
+            else "name sensors by other columns to bookmark them"
+        )
+        log.warning(
+            "bookmark %s: %s samples of %s events %s: they belong to no sensor and are not "
+            "bookmarked; %s",
+            self.spec.stream,
+            f"{int(unnamed.sum()):,}",
+            f"{len(events):,}",
+            why,
+            remedy,
+        )
 
     def _burst(self, frame: pd.DataFrame, mbps: float) -> np.ndarray:
         """Rows whose rx or tx rate since the sensor's previous sample is above `mbps`."""

@@ -41,6 +41,7 @@ from pipeline.jobs.runner import (
     sluice_run,
 )
 from pipeline.outputs import check_writable, refused_writes
+from pipeline.streams.names import check_routing_key
 from pipeline.timejoin import (
     InvalidMaxGap,
     JoinInputError,
@@ -74,15 +75,23 @@ FAILPOINTS = ("join.in_part", "join.after_part", "join.after_state")
 
 @dataclass(frozen=True, slots=True)
 class SeriesSource:
-    """A stream, and optionally the one routing key that is the series."""
+    """A stream, and optionally the one routing key that is the series (None: every event
+    of the stream; the empty text is the empty key, which the store allows)."""
 
     stream: str
     routing_key: str | None = None
 
+    def __post_init__(self) -> None:
+        check_routing_key(self.routing_key)
+
     @classmethod
     def parse(cls, text: str) -> SeriesSource:
-        stream, _, key = text.partition("#")
-        return cls(stream, key or None)
+        """`STREAM` or `STREAM#KEY`. A stream's name holds no `#`, so the first `#` ends it and
+        the key is everything after it as it is: `#`s, spaces, nothing at all (`STREAM#` is
+        the empty key, not the whole stream). A key the store could not hold is refused
+        (`InvalidRoutingKey`): it would name no event, and the join would wait forever."""
+        stream, sep, key = text.partition("#")
+        return cls(stream, key if sep else None)
 
     @property
     def text(self) -> str:

@@ -35,10 +35,29 @@ def parse_stream(qualified: str) -> tuple[str, str]:
 
 
 def check_routing_key(key: str | None) -> str | None:
+    """Return `key` if it can be a routing key (None: no key), else raise `InvalidRoutingKey`.
+
+    A key is any text that is valid Unicode, at most `MAX_ROUTING_KEY` bytes in UTF-8; the
+    empty text is a key (not the same as no key). Keys are compared as they are, code point
+    by code point: no case folding, no Unicode normalisation, no trimming
+    (`embedded/FORMAT.md`, "Routing keys")."""
     if key is None:
         return None
     if not isinstance(key, str):
         raise InvalidRoutingKey(repr(key), "a routing key is a string")
-    if len(key.encode()) > MAX_ROUTING_KEY:
-        raise InvalidRoutingKey(key, f"longer than {MAX_ROUTING_KEY} bytes")
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError as exc:
+        reason = (
+            f"character {exc.start} is a lone surrogate ({key[exc.start]!r}), which is no "
+            "Unicode text and cannot be stored as UTF-8 (was it read from bytes that are not "
+            "UTF-8?): give the key as valid UTF-8 text"
+        )
+        raise InvalidRoutingKey(key, reason) from None
+    if size > MAX_ROUTING_KEY:
+        reason = (
+            f"it is {size} bytes in UTF-8, longer than {MAX_ROUTING_KEY} bytes: use a shorter "
+            "key (a sensor's name, or a hash of a longer one)"
+        )
+        raise InvalidRoutingKey(key, reason)
     return key

@@ -264,13 +264,12 @@ def _say_who_waits(spec: StreamJoinSpec, joiner: StreamingJoin, before: dict[Sid
         latest = joiner.latest(other)
         since = "no record of it yet" if latest is None else f"its latest time is {latest:.0f}"
         log.warning(
-            "join: %s %s rows wait for the %s series %s#%s (%s): a pair is final only once "
+            "join: %s %s rows wait for the %s series %s (%s): a pair is final only once "
             "both series have passed its time; check that its sensor still writes",
             f"{now:,}",
             side,
             other,
-            source.stream,
-            source.routing_key,
+            source.text,
             since,
         )
 

@@ -26,9 +26,16 @@ KEY = ("TimestampNanos", "_segment", "_offset", "_sample")
 _WINDOW = f"PARTITION BY export, RemoteAddr, Interface ORDER BY {', '.join(KEY)}"
 
 
+def _step(column: str) -> str:
+    """A sample's value minus its previous one, as HUGEINT: two BIGINTs far apart (a clock at
+    1900 then one at 2200, a counter that wraps) differ by more than a BIGINT holds, and DuckDB
+    stops the whole query on the overflow."""
+    return f"({column}::HUGEINT - lag({column}) OVER w)"
+
+
 def _rate(counter: str) -> str:
-    delta = f"({counter} - lag({counter}) OVER w)"
-    seconds = "(NULLIF(TimestampNanos - lag(TimestampNanos) OVER w, 0) / 1e9)"
+    delta = _step(counter)
+    seconds = f"(NULLIF({_step('TimestampNanos')}, 0) / 1e9)"
     return f"CASE WHEN {delta} < 0 THEN NULL ELSE {delta} * 8 / 1e6 / {seconds} END"
 
 
@@ -41,7 +48,7 @@ def rates_sql(relation: str, only: str | None = None) -> str:
     return f"""
         SELECT export, stream, time, RemoteAddr, Interface, TimestampNanos,
                RxBytes, TxBytes,
-               (TimestampNanos - lag(TimestampNanos) OVER w) / 1e9 AS interval_s,
+               {_step("TimestampNanos")} / 1e9 AS interval_s,
                {_rate("RxBytes")} AS rx_mbps,
                {_rate("TxBytes")} AS tx_mbps,
                coalesce(RxBytes < lag(RxBytes) OVER w OR TxBytes < lag(TxBytes) OVER w, false)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 
@@ -234,16 +235,41 @@ class SliceExtent:
 # --- times ----------------------------------------------------------------------------------
 
 
+#: Event times are 64-bit nanoseconds since 1970: a window beyond them can hold no event.
+FIRST_NS, LAST_NS = -(2**63), 2**63 - 1
+#: The seconds of an ISO 8601 time and their fraction (`12:00:00.123456789`, `120000,5`).
+_FRACTION = re.compile(r"[T ]\d{2}(?::?\d{2}){2}([.,])(\d+)")
+
+
 def parse_time_ns(text: str) -> int:
-    """ISO 8601 text to epoch nanoseconds; a time without a zone is taken as UTC."""
+    """ISO 8601 text to epoch nanoseconds; a time without a zone is taken as UTC. Digits of
+    the seconds beyond the microseconds (which `datetime` drops) count, up to nanoseconds;
+    a time event times cannot reach (before 1677-09-21, after 2262-04-11) is refused."""
+    plain = text.strip()
+    found = _FRACTION.search(plain)
+    digits = found.group(2) if found else ""
+    if len(digits) > 9:
+        raise InvalidTimeWindow(text, "more than 9 digits after the seconds (a nanosecond)")
+    if found is not None:  # parsed here: `datetime` keeps 6 digits and drops the others
+        plain = plain[: found.start(1)] + plain[found.end(2) :]
+    if "." in plain or "," in plain:  # `datetime` reads T12.5 as 12:00:00.5, not 12:30
+        raise InvalidTimeWindow(text, "a fraction of an hour or minute: give the seconds")
     try:
-        moment = datetime.fromisoformat(text.strip())
+        moment = datetime.fromisoformat(plain)
     except ValueError as exc:
         raise InvalidTimeWindow(text, str(exc)) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+    ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+    ns += int(digits.ljust(9, "0"))
+    if not FIRST_NS <= ns <= LAST_NS:
+        reason = (
+            f"event times are 64-bit nanoseconds since 1970, from {format_ns(FIRST_NS)} "
+            f"to {format_ns(LAST_NS)}: no event lies at this time"
+        )
+        raise InvalidTimeWindow(text, reason)
+    return ns
 
 
 def format_ns(ns: int) -> str:
@@ -344,6 +370,10 @@ def time_window_slice(
     The cuts come from `store.time_cuts` (the time bounds writers attach at commit); the
     slice's time bounds are the window itself, so a replay keeps only samples inside it.
     """
+    for name, ns, last in (("--from", start_ns, LAST_NS), ("--to", end_ns, LAST_NS + 1)):
+        if not FIRST_NS <= ns <= last:  # (--to is exclusive: the last nanosecond + 1)
+            reason = f"{name} is {ns} ns since 1970, beyond 64-bit nanoseconds (event times)"
+            raise InvalidTimeWindow(str(ns), reason)
     if end_ns <= start_ns:
         reason = f"--to ({format_ns(end_ns)}) must be after --from ({format_ns(start_ns)})"
         raise InvalidTimeWindow(format_ns(end_ns), reason)

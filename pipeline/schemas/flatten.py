@@ -6,8 +6,9 @@ machine numbers; where the plan or an event needs more, msgspec decodes each eve
 struct whose number arrays stay raw JSON text, which simdjson then parses; anything unusual
 sends the batch event by event, through a strict decoder where needed, which gives the exact
 answer, the same as the fast paths would. An event that is not
-UTF-8 or JSON, misses a field, has a wrong type or unequal parallel arrays is quarantined
-with its payload, position and reason, never dropped (`DESIGN.md`)."""
+UTF-8 or JSON, misses a field, has a wrong type, unequal parallel arrays or an event time
+that nanoseconds cannot hold is quarantined with its payload, position and reason, never
+dropped (`DESIGN.md`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import keyword
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import compress
 from operator import attrgetter
 from typing import Any
 
@@ -46,7 +49,7 @@ QUARANTINE_DOC = {
     "_ingest_time_ns": "when the event was written to the stream, nanoseconds since the epoch",
     "schema": "the Avro schema the event did not fit",
     "reason": "why the event was refused (not UTF-8 or JSON, a missing field, a wrong type, "
-    "parallel arrays of unequal length)",
+    "parallel arrays of unequal length, an event time out of range)",
     "payload": "the event's bytes, unchanged",
 }
 
@@ -163,6 +166,7 @@ def flatten(plan: FlattenPlan, events: Events, *, dictionary: bool = False) -> F
     good = _all_at_once(plan, events.payloads)
     if good is None:
         good = _one_by_one(plan, events.payloads, bad)
+    good = _placeable(plan, good, bad)
     rows, time_ns = _table(plan, events, good, dictionary)
     return Flattened(rows, time_ns, _quarantine(plan, events, bad), len(events.payloads))
 
@@ -645,6 +649,58 @@ def _event_time(
     values = column.fill_null(0).to_numpy().astype(np.int64) * unit
     nulls = column.is_null().to_numpy(zero_copy_only=False)
     return np.where(nulls, ingest(), values)
+
+
+#: The first and last days 64-bit nanoseconds since 1970 reach (the rows' `time_ns`).
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FIRST_DAY = f"{_EPOCH + timedelta(microseconds=-(2**63) // 1000):%Y-%m-%d}"
+_LAST_DAY = f"{_EPOCH + timedelta(microseconds=(2**63 - 1) // 1000):%Y-%m-%d}"
+_UNITS = {1_000: "microseconds", 1_000_000: "milliseconds"}
+
+
+def _placeable(plan: FlattenPlan, good: _Good, bad: list[tuple[int, str]]) -> _Good:
+    """The events whose every event time fits 64-bit nanoseconds; the others go to `bad`
+    (kept in event order), with their first value that does not. Only a `timestamp-millis`
+    or `-micros` long column can hold one: its value times the unit would wrap around and
+    put the rows in a wrong hour (year 50,000 in microseconds is no time in nanoseconds)."""
+    time = plan.time
+    if time is None or time.ns_per_unit == 1 or not len(good.counts):
+        return good
+    unit = time.ns_per_unit
+    low, high = -(2**63 // unit), (2**63 - 1) // unit
+    column = next(c for c in plan.columns if c.name == time.name)
+    events = np.arange(len(good.counts))
+    if column.kind == "scalar":
+        values = pa.array(good.scalars[column.name], type=pa.int64())
+    else:
+        values, events = good.samples[column.name], np.repeat(events, good.counts)
+    numbers = values.fill_null(0).to_numpy()
+    if not len(numbers) or (numbers.min() >= low and numbers.max() <= high):
+        return good
+    out = np.flatnonzero((numbers < low) | (numbers > high))
+    refused, first = np.unique(events[out], return_index=True)
+    for event, value in zip(refused.tolist(), numbers[out[first]].tolist(), strict=True):
+        edge = f"after {_LAST_DAY}" if value > high else f"before {_FIRST_DAY}"
+        reason = (
+            f"event time out of range: {column.name} = {value} {_UNITS[unit]} since 1970 is "
+            f"{edge}, beyond 64-bit nanoseconds: no hour to put it in (schema {plan.name})"
+        )
+        bad.append((int(good.index[event]), reason))
+    bad.sort(key=lambda item: item[0])
+    keep = np.ones(len(good.counts), dtype=bool)
+    keep[refused] = False
+    return _kept(good, keep)
+
+
+def _kept(good: _Good, keep: np.ndarray) -> _Good:
+    """`good` without the events `keep` is False for (`keep`: one per event)."""
+    rows = pa.array(np.repeat(keep, good.counts))
+    return _Good(
+        good.index[keep],
+        good.counts[keep],
+        {name: list(compress(values, keep)) for name, values in good.scalars.items()},
+        {name: values.filter(rows) for name, values in good.samples.items()},
+    )
 
 
 def _quarantine(plan: FlattenPlan, events: Events, bad: list[tuple[int, str]]) -> pa.Table:

@@ -46,6 +46,10 @@ CHUNK_EVENTS = 1024
 CHUNK_BYTES = 32 << 20
 #: flattened chunks a task's writer thread may have queued or under way (`_TaskFiles`)
 WRITES_AHEAD = 1
+#: files a task keeps open at once (`_TaskFiles`): a batch whose events span thousands of
+#: hours (a backfill, a clock that jumps) would otherwise hold one open file per hour and
+#: format to the end of the task, until the process runs out of file descriptors
+MAX_OPEN_FILES = 64
 
 
 def bucket_of(hour: int) -> str:
@@ -63,12 +67,15 @@ def by_hour(rows: pa.Table, time_ns: np.ndarray) -> Iterator[tuple[int, pa.Table
         yield low, rows
         return
     if (time_ns[:-1] <= time_ns[1:]).all():
-        # the first row of each later hour: the first time at or after the hour's start
-        starts = np.searchsorted(time_ns, np.arange(low + 1, high + 1) * HOUR_NS).tolist()
-        bounds = pairwise([0, *starts, len(time_ns)])
-        for hour, (start, end) in zip(range(low, high + 1), bounds, strict=True):
+        if high - low < len(time_ns):
+            # the first row of each later hour: the first time at or after the hour's start
+            starts = np.searchsorted(time_ns, np.arange(low + 1, high + 1) * HOUR_NS).tolist()
+        else:  # hours far apart (a clock at 1970 beside one at 2026): only the hours held
+            hours = time_ns // HOUR_NS
+            starts = (np.flatnonzero(hours[1:] != hours[:-1]) + 1).tolist()
+        for start, end in pairwise([0, *starts, len(time_ns)]):
             if end > start:
-                yield hour, rows.slice(start, end - start)
+                yield int(time_ns[start]) // HOUR_NS, rows.slice(start, end - start)
         return
     hours = time_ns // HOUR_NS
     for hour in np.unique(hours).tolist():
@@ -107,7 +114,8 @@ class _TaskFiles:
     order given while the task flattens the next one (pyarrow encodes and compresses without
     the GIL): the two share the cores Spark leaves idle, such as when a batch has one task.
     At most one chunk waits behind the one being written; a failed write raises in the task
-    at its next `write` or at `close`."""
+    at its next `write` or at `close`. At most `max_open` files are open: a new one closes
+    the file written to least recently first (later rows of its hour start another file)."""
 
     opts: ExportOptions
     plan: FlattenPlan
@@ -115,6 +123,10 @@ class _TaskFiles:
     open: dict[tuple[str, str], _Open] = field(default_factory=dict)
     done: list[StagedFile] = field(default_factory=list)
     counter: int = 0
+    max_open: int = MAX_OPEN_FILES
+    #: when each file was last written to (`ticks`: the number of `_append`s so far)
+    used: dict[tuple[str, str], int] = field(default_factory=dict)
+    ticks: int = 0
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "export"))
     pending: deque[Future] = field(default_factory=deque)
 
@@ -144,6 +156,8 @@ class _TaskFiles:
         if kind in ("csv", "jsonl"):
             table = _plain(table)
         start = 0
+        self.ticks += 1
+        self.used[(kind, bucket)] = self.ticks
         while start < table.num_rows:
             current = self.open.get((kind, bucket)) or self._start(kind, bucket, table.schema)
             take = min(table.num_rows - start, self.opts.max_rows_per_file - current.rows)
@@ -154,6 +168,8 @@ class _TaskFiles:
                 self._close(current)
 
     def _start(self, kind: str, bucket: str, schema: pa.Schema) -> _Open:
+        if len(self.open) >= self.max_open:
+            self._close(self.open[min(self.open, key=self.used.__getitem__)])
         self.counter += 1
         ext = EXTENSIONS.get(kind, "parquet")
         path = self.directory / f"{self.counter:06d}.{ext}"
@@ -314,9 +330,10 @@ def _stage(opts: ExportOptions, partition: int, batches: Iterator[pa.RecordBatch
             events += result.events
             rows += result.rows.num_rows
             quarantined += result.quarantine.num_rows
-            if result.rows.num_rows:
-                low = min(low or 2**63, int(result.time_ns.min()))
-                high = max(high or -(2**63), int(result.time_ns.max()))
+            if result.rows.num_rows:  # (an event time of 0, 1970-01-01, is a time)
+                first, last = int(result.time_ns.min()), int(result.time_ns.max())
+                low = first if low is None else min(low, first)
+                high = last if high is None else max(high, last)
         staged = files.close()
     except BaseException:
         files.discard()

@@ -223,12 +223,13 @@ class EmbeddedStore(StreamStore):
         for seg, _, _ in engine.segments(row):
             tail = engine.catch_up(row, seg)
             head = engine.segment_head(row, seg)
-            inside = [
-                b
-                for b in engine.blocks(row, seg, head, tail)
-                if (b.t_max if b.t_max is not None else b.ingest_ns) >= start_ns
-                and (b.t_min if b.t_min is not None else b.ingest_ns) < end_ns
-            ]
+            inside = []
+            for b in engine.blocks(row, seg, head, tail):
+                low = b.t_min if b.t_min is not None else b.ingest_ns
+                high = b.t_max if b.t_max is not None else b.ingest_ns
+                # bounds written min after max (kept as given) still span the times between
+                if max(low, high) >= start_ns and min(low, high) < end_ns:
+                    inside.append(b)
             starts[seg] = max(head, inside[0].offset) if inside else tail
             ends[seg] = inside[-1].end if inside else starts[seg]
         return (

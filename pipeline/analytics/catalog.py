@@ -156,8 +156,10 @@ def _typed(schema: pa.Schema) -> dict[str, str]:
 def _time_expr(plan: FlattenPlan | None, columns: list[str]) -> str:
     if plan is None or plan.time is None or plan.time.name not in columns:
         return "NULL::TIMESTAMPTZ"
-    column = ident(plan.time.name)
-    return f"make_timestamptz(({column} * {plan.time.ns_per_unit}) // 1000)"
+    ns = f"({ident(plan.time.name)} * {plan.time.ns_per_unit})"
+    # microseconds rounded down, as the hour partitions are (DuckDB's `//` rounds toward 0:
+    # -1 ns would show as 1970-01-01 00:00, in the partition of 1969-12-31 hour 23)
+    return f"make_timestamptz({ns} // 1000 - ({ns} % 1000 < 0)::BIGINT)"
 
 
 def _add_export(b: _Builder, source: ExportSource) -> tuple[str, str | None]:

@@ -345,3 +345,27 @@ def test_a_database_another_process_holds_names_the_lock(paths):
         with pytest.raises(AnalyticsError, match="another process is using it"):
             refresh(paths, [])
         other.stdin.close()
+
+
+def test_the_time_of_a_row_before_1970_is_rounded_down_as_its_partition_is():
+    """A view's `time` is its row's event time in microseconds: rounded toward zero, -1 ns
+    showed as 1970-01-01 00:00:00 while the row lies in the partition of 1969-12-31 hour 23."""
+    import duckdb
+
+    from pipeline.analytics.catalog import _time_expr
+    from pipeline.schemas import flatten_plan
+
+    expr = _time_expr(flatten_plan("NetworkSamples"), ["TimestampNanos"])
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    got = con.execute(
+        f"SELECT strftime({expr}, '%Y-%m-%d %H:%M:%S.%f') FROM "
+        "(VALUES (-1), (-1000), (-1001), (0), (1999)) AS t(TimestampNanos)"
+    ).fetchall()
+    assert [g for (g,) in got] == [
+        "1969-12-31 23:59:59.999999",
+        "1969-12-31 23:59:59.999999",
+        "1969-12-31 23:59:59.999998",
+        "1970-01-01 00:00:00.000000",
+        "1970-01-01 00:00:00.000001",
+    ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,22 @@ DEFAULT_TXN_LEASE_SECONDS = 30 * 24 * 3600
 #: The longest lease a transaction may ask for (ten years): far beyond any outage, and its
 #: expiry, in nanoseconds, stays inside 64 bits.
 MAX_TXN_LEASE_SECONDS = 10 * 365 * 86_400
+
+
+def check_time_bounds(bounds: tuple[int, int] | None) -> tuple[int, int] | None:
+    """`bounds`, a commit's (min, max) event time in ns, if it is one: two whole numbers of
+    64-bit nanoseconds, the min first; else `InvalidArgument` (bounds given max-first hid the
+    transaction's events from a time window between them)."""
+    if bounds is None:
+        return None
+    try:
+        low, high = (operator.index(b) for b in bounds if not isinstance(b, bool))
+    except (TypeError, ValueError):  # not two whole numbers (numpy's ints are whole numbers)
+        low, high = 1, 0
+    if not -(2**63) < low <= high < 2**63:
+        rule = "(min_ns, max_ns): two whole numbers of 64-bit nanoseconds, the smaller first"
+        raise InvalidArgument(name="time_bounds", value=bounds, rule=rule)
+    return int(low), int(high)
 
 
 def check_lease(lease_seconds: float) -> float:

@@ -251,3 +251,25 @@ def test_a_transaction_with_no_row_yet_is_shared_by_id(store_dir):
             txn.commit()
         assert txn.state() == "aborted"
         assert list(first.read(STREAM)) == []
+
+
+@pytest.mark.parametrize(
+    "bounds", [(5, 1), (1.5, 2), (1, 2**63), (-(2**63), 0), (True, 2), (1, 2, 3), ("1", "2")]
+)
+def test_time_bounds_that_are_no_window_are_refused_at_the_commit(store, bounds):
+    """Bounds given max-first hid the transaction's events from any time window between
+    them (a slice's cuts missed them); the store now refuses them, and the transaction stays
+    open for a commit with good ones."""
+    import numpy as np
+
+    from pipeline.streams import InvalidArgument
+
+    store.create_stream("t/bounds")
+    txn = store.begin_transaction("t/bounds")
+    txn.write(b"x")
+    txn.flush()
+    with pytest.raises(InvalidArgument, match=re.escape(f"invalid time_bounds {bounds!r}: ")):
+        txn.commit(time_bounds=bounds)
+    txn.commit(time_bounds=(np.int64(-5), np.int64(7)))  # numpy's whole numbers are fine
+    start, end = store.time_cuts("t/bounds", -5, 8)
+    assert [e.payload for e in store.read("t/bounds", start, end)] == [b"x"]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal, NoReturn
 
 from pipeline.durable import fsync_dir
-from pipeline.streams.api import Transaction, TxnState, check_lease
+from pipeline.streams.api import Transaction, TxnState, check_lease, check_time_bounds
 from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.blocks import (
     BadBlock,
@@ -266,6 +266,7 @@ class EmbeddedTransaction(Transaction):
             self._body_path(segment).unlink(missing_ok=True)
 
     def commit(self, time_bounds: tuple[int, int] | None = None) -> None:
+        time_bounds = check_time_bounds(time_bounds)
         state = self._settled_state()
         if state == "committed":
             self._refuse_late_events()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import duckdb
@@ -250,12 +251,15 @@ def test_a_window_of_ints_beyond_nanoseconds_is_refused(store):
     assert (record.start_time_ns, record.end_time_ns) == (I64_MIN, I64_MAX)
 
 
-def test_time_cuts_find_an_event_whose_bounds_were_given_max_first(store):
-    """The embedded store keeps a commit's bounds as given: (T0 + 10, T0) were read as no
-    time at all, so a window inside them cut the event out of its slice."""
+def test_time_cuts_find_an_event_whose_bounds_were_given_max_first(store, store_dir):
+    """The embedded store kept a commit's bounds as given (it now refuses max-first ones:
+    `check_time_bounds`): (T0 + 10, T0) were read as no time at all, so a window inside them
+    cut the event out of its slice. A store written before keeps such bounds."""
     store.create_stream(STREAM, segments=1)
-    write_event(store, "edge1", nic_payload("edge1", T0, 0, [1]), (T0 + 10, T0))
+    write_event(store, "edge1", nic_payload("edge1", T0, 0, [1]), (T0, T0 + 10))
     write_event(store, "edge1", nic_payload("edge1", T0 + 20, 0, [1]), (T0 + 20, T0 + 20))
+    with sqlite3.connect(store_dir / "catalog.db") as db:  # as an older store wrote them
+        db.execute("UPDATE blocks SET t_min = t_max, t_max = t_min WHERE t_min = ?", (T0,))
     for start, end, events in ((T0 + 3, T0 + 4, 1), (T0, T0 + 1, 1), (T0 + 10, T0 + 21, 2)):
         record = time_window_slice(store, STREAM, start, end)
         assert len(list(store.read(STREAM, *record.cuts))) == events

@@ -55,11 +55,10 @@ system-deps:
 	fi
 
 # A warm Spark (Spark Connect on loopback) that every job of $$SLUICE_HOME attaches to instead
-# of starting a JVM of its own; `demo` and `ui` start it and stop it when they end.
+# of starting a JVM of its own; `demo` and `ui` start it and stop it when they end (one that
+# runs for the home already is used and left running).
 # WARM_SPARK=0 leaves it out (each job then starts a local Spark, as without it).
 WARM_SPARK ?= 1
-SPARK_UP := if [ "$(WARM_SPARK)" = 1 ]; then $(PY) -m pipeline.cli spark start >/dev/null && \
-	trap '$(PY) -m pipeline.cli spark stop >/dev/null' EXIT; fi
 
 spark-start: install java
 	$(PY) -m pipeline.cli spark start
@@ -67,8 +66,10 @@ spark-start: install java
 spark-stop:
 	$(PY) -m pipeline.cli spark stop
 
+# The demo starts (and stops) the warm Spark itself, after checking the home, and stops all it
+# started on Ctrl-C or SIGTERM; it is the recipe's only process, so make's signals reach it.
 demo: install java
-	$(SPARK_UP); $(PY) -m pipeline.demo $(DEMO_ARGS)
+	$(PY) -m pipeline.demo $(if $(filter 1,$(WARM_SPARK)),--warm-spark) $(DEMO_ARGS)
 
 test: install java system-deps
 	$(PY) -m ruff check .
@@ -93,10 +94,14 @@ format: install
 	$(PY) -m ruff check --fix .
 
 # Dagster on the demo's instance ($SLUICE_HOME/dagster): its runs, pools and run queue.
+# The warm run worker (assets/run_worker.py) forks the runs; it, and the warm Spark unless it
+# ran before, stop with `dagster dev` (one EXIT trap: a second `trap ... EXIT` replaces the first).
 ui: install java
-# The warm run worker (assets/run_worker.py) forks the runs; it stops with `dagster dev`.
-	$(SPARK_UP); export DAGSTER_HOME=$$($(PY) -m assets.instance); \
-	$(PY) -m assets.run_worker & worker=$$!; trap 'kill $$worker 2>/dev/null' EXIT INT TERM; \
+	spark_stop=:; if [ "$(WARM_SPARK)" = 1 ] && ! $(PY) -m pipeline.cli spark status >/dev/null; then \
+	  $(PY) -m pipeline.cli spark start >/dev/null && spark_stop='$(PY) -m pipeline.cli spark stop >/dev/null'; \
+	fi; export DAGSTER_HOME=$$($(PY) -m assets.instance); \
+	$(PY) -m assets.run_worker & worker=$$!; \
+	trap 'kill $$worker 2>/dev/null; eval "$$spark_stop"; spark_stop=:' EXIT INT TERM; \
 	.venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # Every benchmark, each writing its section of benchmarks/RESULTS.md (benchmarks/results.py).

@@ -50,23 +50,13 @@ def test_collectors_of_sluice_toml_become_collector_variables(_sluice_home):
 @pytest.mark.spark
 @pytest.mark.usefixtures("product_defaults")
 def test_make_demo_short(_sluice_home):
-    """What `make demo DEMO_ARGS=--short` runs: the warm Spark (`sluice spark start`), the
-    demo attached to it, the warm Spark stopped."""
+    """What `make demo DEMO_ARGS=--short` runs: the demo, which starts the warm Spark
+    (`sluice spark start`), attaches its jobs to it and stops it at the end."""
     env = {**os.environ, "SLUICE_HOME": str(_sluice_home)}
     spark = [sys.executable, "-m", "pipeline.cli", "spark"]
-    started = subprocess.run(
-        [*spark, "start"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert started.returncode == 0, started.stderr
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pipeline.demo", "--short"],
+            [sys.executable, "-m", "pipeline.demo", "--short", "--warm-spark"],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -74,9 +64,12 @@ def test_make_demo_short(_sluice_home):
             timeout=1800,  # Dagster's automation: the daemon, the run worker, the runs
             check=False,
         )
+        status = subprocess.run([*spark, "status"], cwd=REPO, env=env, check=False)
     finally:
-        stopped = subprocess.run([*spark, "stop"], cwd=REPO, env=env, timeout=300, check=False)
-    assert stopped.returncode == 0
+        subprocess.run([*spark, "stop"], cwd=REPO, env=env, timeout=300, check=False)
+    assert status.returncode == 3  # the demo stopped the warm Spark it started
+    assert "warm Spark" not in done.stderr, done.stderr  # it started
+    assert (_sluice_home / "spark" / "connect.log").exists()
     out = done.stdout
     logs = _sluice_home / "demo"
     assert done.returncode == 0, f"{done.stderr}\n{out}\n" + "\n".join(

@@ -99,7 +99,7 @@ class ServerState:
         JSON, a field missing or of another type, a port or pid that cannot be one)."""
         try:
             text = path.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no state file, nor room for one
             return None
         except PermissionError:
             msg = (
@@ -323,6 +323,12 @@ def start_server(
         lock_file = (state_dir(home) / "start.lock").open("a")
     except PermissionError:
         msg = f"{state_dir(home)} is another user's: give this user a SLUICE_HOME of its own"
+        raise ServerError(msg) from None
+    except OSError as exc:  # a read-only or full disk, a file in the way
+        msg = (
+            f"cannot write the server's state under {state_dir(home)} ({exc.strerror or exc}): "
+            "set SLUICE_HOME to a writable directory"
+        )
         raise ServerError(msg) from None
     with lock_file as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process is killed

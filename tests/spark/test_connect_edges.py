@@ -253,3 +253,14 @@ def test_a_state_file_of_another_user_is_named_not_taken_for_none(tmp_path):
         assert path.exists()
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_home_that_cannot_be_written_is_one_line(tmp_path):
+    """`sluice spark start` on a read-only home (or one with a file in the way) was an
+    `OSError` traceback."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "spark").write_text("a file where the state directory goes")
+    said = f"Spark Connect server: cannot write the server's state under {home / 'spark'}"
+    with pytest.raises(connect.ServerError, match=re.escape(said)):
+        connect.start_server(home, {})

@@ -24,7 +24,7 @@ from pipeline.streams import (
     Truncated,
     parse_stream,
 )
-from pipeline.streams.names import check_name
+from pipeline.streams.names import check_name, check_routing_key
 
 SLICE_VERSION = 1
 DEFAULT_SLICES_STREAM = "sluice/slices"
@@ -377,6 +377,8 @@ def time_window_slice(
     if end_ns <= start_ns:
         reason = f"--to ({format_ns(end_ns)}) must be after --from ({format_ns(start_ns)})"
         raise InvalidTimeWindow(format_ns(end_ns), reason)
+    if sensor is not None and sensor_by == "routing_key":
+        check_routing_key(sensor)  # one no event can carry: a clear error, not an empty slice
     start_cut, end_cut = store.time_cuts(stream, start_ns, end_ns)
     reason = f"time window {format_ns(start_ns)} .. {format_ns(end_ns)}"
     return SliceRecord.create(

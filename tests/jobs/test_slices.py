@@ -149,3 +149,21 @@ def test_slices_list_of_a_stream_that_does_not_exist_is_refused(store, store_dir
         )
     with open_store(f"embedded:{store_dir}") as reopened:
         assert (reopened.list_streams(), reopened.info(STREAM)) == before
+
+
+@pytest.mark.parametrize(
+    ("sensor", "said"),
+    [("edge\udcff1", "is a lone surrogate"), ("k" * 1025, "it is 1025 bytes in UTF-8")],
+)
+def test_a_sensor_no_event_can_carry_as_its_key_is_refused(store, sensor, said):
+    """`slices create --sensor` with a key no event can have ended as `EmptySlice` ("no
+    events"), as if the window were wrong; the key itself is refused now."""
+    from pipeline.streams import InvalidRoutingKey
+
+    nic_stream(store, {"edge1": [[100] * 10] * 2})
+    with pytest.raises(InvalidRoutingKey, match=re.escape(said)):
+        time_window_slice(store, STREAM, T0, T0 + 3 * SECOND, sensor=sensor)
+    by_columns = time_window_slice(  # a name made of columns is not a routing key
+        store, STREAM, T0, T0 + 3 * SECOND, sensor="k" * 1025, sensor_by="RemoteAddr"
+    )
+    assert by_columns.sensor == "k" * 1025

@@ -98,3 +98,20 @@ def tail_text(uri: str, stream: str) -> str:
 def head_text(uri: str, stream: str) -> str:
     with open_store(uri) as store:
         return store.head(stream).text
+
+
+def mirror_lag_evaluation(settings, instance) -> dg.AssetCheckEvaluation:
+    """The network family's `mirror_lag` check, evaluated now."""
+    from assets.definitions import build_resources
+    from assets.family import family_definitions
+
+    family = family_definitions(settings.family("network"), settings)
+    (lag,) = [c for c in family.checks if "mirror_lag" in str(c.check_keys)]
+    result = dg.materialize(
+        [*family.assets, lag],
+        selection=dg.AssetSelection.checks(*lag.check_keys),
+        instance=instance,
+        resources=build_resources(settings),
+    )
+    (evaluation,) = result.get_asset_check_evaluations()
+    return evaluation

@@ -7,9 +7,8 @@ import dagster as dg
 import pytest
 
 from assets.definitions import build_definitions, build_resources
-from assets.family import family_definitions
 from pipeline.streams import open_store
-from tests.assets.conftest import materialized, samples, write_events
+from tests.assets.conftest import materialized, mirror_lag_evaluation, samples, write_events
 
 pytestmark = pytest.mark.spark
 
@@ -37,13 +36,5 @@ def test_the_lag_counts_the_segments_a_scale_created_since_the_mirrors_position(
     added = sum(after[seg] - before[seg] for seg in after)
     assert added > 0
 
-    family = family_definitions(net, settings)
-    (lag,) = [c for c in family.checks if "mirror_lag" in str(c.check_keys)]
-    checked = dg.materialize(
-        [*family.assets, lag],
-        selection=dg.AssetSelection.checks(*lag.check_keys),
-        instance=instance,
-        resources=build_resources(settings),
-    )
-    (evaluation,) = checked.get_asset_check_evaluations()
+    evaluation = mirror_lag_evaluation(settings, instance)
     assert evaluation.metadata["lag_bytes"].value == added

@@ -15,7 +15,7 @@ from assets.family import family_definitions
 from assets.sensors import evaluate_slices, evaluate_tails
 from assets.services import evaluate_services
 from resources import StreamStoresResource
-from tests.assets.conftest import samples, write_events
+from tests.assets.conftest import mirror_lag_evaluation, samples, write_events
 
 
 def failures(result: dg.ExecuteInProcessResult) -> list[str]:
@@ -49,15 +49,7 @@ def test_a_catch_up_before_the_edge_stream_exists_fails_at_once_saying_so(settin
 
 
 def test_the_mirror_lag_check_passes_with_a_note_before_the_edge_stream_exists(settings, instance):
-    family = family_definitions(settings.family("network"), settings)
-    lag = family.checks[0]
-    result = dg.materialize(
-        [*family.assets, lag],
-        selection=dg.AssetSelection.checks(*lag.check_keys),
-        instance=instance,
-        resources=build_resources(settings),
-    )
-    (evaluation,) = result.get_asset_check_evaluations()
+    evaluation = mirror_lag_evaluation(settings, instance)
     assert evaluation.passed
     note = evaluation.metadata["note"].value
     assert note == "examples/network does not exist yet: nothing to mirror"

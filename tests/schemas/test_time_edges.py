@@ -9,22 +9,11 @@ import re
 import numpy as np
 import pytest
 
-from pipeline.schemas import Events, flatten, flatten_plan, parse_schema_text
+from pipeline.schemas import flatten, flatten_plan, parse_schema_text
 from pipeline.schemas.plan import FlattenPlan
+from tests.schemas.test_edge_events import events_of
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
-
-
-def events_of(payloads: list[bytes]) -> Events:
-    count = len(payloads)
-    return Events(
-        stream="edge/times",
-        payloads=payloads,
-        segments=[0] * count,
-        offsets=[100 * i for i in range(count)],
-        routing_keys=["k"] * count,
-        ingest_ns=[1_700_000_000_000_000_000] * count,
-    )
 
 
 def plan_of(logical: str, *, array: bool = True, nullable: bool = False) -> FlattenPlan:

@@ -15,7 +15,6 @@ and writes the summary (runs by launcher, ticks, checks, replays) as JSON for th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -45,7 +44,7 @@ from assets.keys import (
     nightly_schedule_name,
     replay_job_name,
 )
-from assets.run_worker import socket_path, start_worker
+from assets.run_worker import socket_path, start_worker, stop_worker
 from assets.sensors import UNFINISHED, views_behind
 from pipeline.errors import SluiceError
 from pipeline.jobs.slices import list_slices
@@ -165,18 +164,12 @@ def run_worker_running(env: Mapping[str, str], home: Path, log: Path) -> Iterato
     """The warm run worker (`assets/run_worker.py`) in a process group of its own, stopped
     with the runs it forked; when it does not start, runs launch through the code server."""
     proc = start_worker(home, log, dict(env))
-    if not socket_path(home).exists():
-        print(f"dagster: no warm run worker (see {log}); runs start cold", file=sys.stderr)
     try:
+        if not socket_path(home).exists():
+            print(f"dagster: no warm run worker (see {log}); runs start cold", file=sys.stderr)
         yield
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_worker(proc)
 
 
 def turn_on_automation(env: Mapping[str, str], log: Path, timeout: float = 600.0) -> None:

@@ -125,9 +125,26 @@ def start_worker(
             start_new_session=True,
         )
     path, deadline = socket_path(dagster_home), time.monotonic() + timeout
-    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    try:
+        while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except BaseException:  # the caller was interrupted while it started: it goes too
+        stop_worker(proc)
+        raise
     return proc
+
+
+def stop_worker(proc: subprocess.Popen[bytes], grace_seconds: float = 30.0) -> None:
+    """Stop the worker `start_worker` started, and the runs it forked (its process group):
+    SIGTERM, then SIGKILL after `grace_seconds`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 # --- the worker ----------------------------------------------------------------------------

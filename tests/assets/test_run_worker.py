@@ -7,7 +7,9 @@ the job that refreshes the analysts' views (DuckDB, no Spark)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -144,3 +146,45 @@ def test_bad_requests_are_refused_and_one_worker_per_instance(home, worker):
     )
     assert second.returncode != 0 and "already running" in second.stderr
     assert worker.poll() is None and path.exists()
+
+
+def workers_of(home: Path) -> list[int]:
+    """The pids of the run workers started for the instance at `home`."""
+    needle = f"-m\0assets.run_worker\0{home}\0".encode()
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_caller_stopped_while_its_worker_starts_stops_the_worker(home, tmp_path):
+    """SIGTERM to a process waiting for the worker it started (the demo stopped early, as the
+    demo's SIGTERM handler raises `SystemExit`): the worker goes with it, never left behind."""
+    script = (
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "from assets.run_worker import start_worker\n"
+        "signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))\n"
+        f"start_worker(Path({str(home)!r}), Path({str(tmp_path / 'worker.log')!r}))\n"
+    )
+    caller = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not workers_of(home):
+            assert caller.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not socket_path(home).exists()  # the worker is still importing
+        caller.terminate()
+        assert caller.wait(timeout=60) == 128 + 15
+        deadline = time.monotonic() + 30
+        while workers_of(home) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert workers_of(home) == [], (tmp_path / "worker.log").read_text()
+    finally:
+        caller.kill()
+        for pid in workers_of(home):
+            os.kill(pid, signal.SIGKILL)

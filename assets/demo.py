@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -191,11 +192,10 @@ def turn_on_automation(env: Mapping[str, str], log: Path, timeout: float = 600.0
             for c in commands
         ]
     try:
+        deadline = time.monotonic() + timeout
         for command, proc in zip(commands, procs, strict=True):
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                code = None
+            while (code := proc.poll()) is None and time.monotonic() < deadline:
+                sleep(0.2)
             if code != 0:
                 msg = f"`{' '.join(command[1:4])}` exited with {code}"
                 raise AutomationError(msg, log)
@@ -295,7 +295,7 @@ class DemoAutomation:
             if time.monotonic() > deadline:
                 reason = f"after {timeout:.0f}s the automation still had to do: {'; '.join(todo)}"
                 raise AutomationError(reason, daemon.log)
-            time.sleep(POLL_SECONDS)
+            sleep(POLL_SECONDS)
         self.stop_schedules_that_ran()
 
     def wait_for_runs(self, timeout: float) -> None:
@@ -306,7 +306,7 @@ class DemoAutomation:
                 ids = ", ".join(r.run_id[:8] for r in unfinished)
                 msg = f"runs {ids} did not finish in {timeout:.0f}s"
                 raise AutomationError(msg, self.log)
-            time.sleep(POLL_SECONDS)
+            sleep(POLL_SECONDS)
 
     # --- the summary ---------------------------------------------------------------------
 
@@ -437,11 +437,30 @@ def wait_for(flag: Path, timeout: float) -> None:
         if time.monotonic() > deadline:
             msg = f"the collectors did not stop within {timeout:.0f}s ({flag} never appeared)"
             raise TimeoutError(msg)
-        time.sleep(0.2)
+        sleep(0.2)
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # the parent gave up: stop the daemon on the way out
+#: Set by SIGTERM (the demo stopping early, `pipeline/demo.py`) and acted on where the
+#: automation waits (`check_stop`), never in the middle of a Dagster call: a `SystemExit`
+#: raised by the handler itself was swallowed there once, leaving the worker and its runs
+_stop = threading.Event()
+
+
+def _note_sigterm(signum: int, frame: object) -> None:
+    _stop.set()
+
+
+def check_stop() -> None:
+    """Leave (`SystemExit`: the daemon and the worker are stopped on the way out) once a
+    SIGTERM came."""
+    if _stop.is_set():
+        raise SystemExit(128 + signal.SIGTERM)
+
+
+def sleep(seconds: float) -> None:
+    """`time.sleep`, cut short by a SIGTERM (`check_stop`)."""
+    _stop.wait(seconds)
+    check_stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, required=True)
     parser.add_argument("--settle-timeout", type=float, default=1500.0)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, _note_sigterm)
     settings = load_settings()
     logs = args.summary.parent
     logs.mkdir(parents=True, exist_ok=True)
@@ -459,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     with sluice_instance(settings) as instance:
         demo = DemoAutomation(settings, instance, logs / "daemon.log")
         try:
+            check_stop()
             worker = run_worker_running(env, settings.dagster_home, logs / "run-worker.log")
             with worker, daemon_running(env, logs / "daemon.log") as daemon:
                 turn_on_automation(env, logs / "automation.log")

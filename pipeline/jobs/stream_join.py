@@ -8,8 +8,10 @@ fed batch by batch to a `StreamingJoin` (`pipeline/timejoin.py`). Delivery: **ex
 pairs** (batch N writes `part-<N>.parquet`, then saves the joiner's state under N). Order
 requirements and what is final when: `DESIGN.md`, "the streaming join". A checkpoint keeps
 the schema, time column and max gap its pairs were made with (`JoinParameters`): a run with
-others is refused, never mixed into the same output. Tests SIGKILL the driver at the named
-points where a crash matters to exactly-once (`Failpoints`, `$SLUICE_TEST_JOIN_FAILPOINTS`)."""
+others is refused, never mixed into the same output, and an output has one checkpoint: a new
+one is refused where another's parts are (`JoinOutputTaken`). Tests SIGKILL the driver at the
+named points where a crash matters to exactly-once (`Failpoints`,
+`$SLUICE_TEST_JOIN_FAILPOINTS`)."""
 
 from __future__ import annotations
 
@@ -98,6 +100,16 @@ class SeriesSource:
         """`STREAM#KEY` (or `STREAM`), as `parse` reads it."""
         return self.stream if self.routing_key is None else f"{self.stream}#{self.routing_key}"
 
+    @property
+    def checkpoint_text(self) -> str:
+        """The series as checkpoints name it: `STREAM#KEY`, and `STREAM#None` for every event
+        (the name checkpoints have always had), with a NUL before the one key that would read
+        alike, "None", and before keys that begin with a NUL: one name per series."""
+        key = self.routing_key
+        if key is not None and (key == "None" or key.startswith("\0")):
+            key = "\0" + key
+        return f"{self.stream}#{key}"
+
     def select(self, events: pa.Table) -> pa.Table:
         mask = pc.equal(events["stream"], self.stream)
         if self.routing_key is not None:
@@ -147,6 +159,33 @@ class JoinParameters:
     def describe(self) -> str:
         gap = "none" if self.max_gap_seconds is None else flag_number(self.max_gap_seconds)
         return f"schema {self.schema}, time column {self.time_column!r}, max gap {gap}"
+
+
+class JoinOutputTaken(SluiceError, ValueError):
+    """A join checkpoint that has written nothing yet, and an output that holds another
+    checkpoint's parts: its batches would write parts of the same names again."""
+
+    def __init__(self, output: Path, checkpoint: Path, found: Path) -> None:
+        self.output, self.checkpoint, self.found = output, checkpoint, found
+        msg = (
+            f"join output {output} holds pairs another checkpoint wrote, such as {found.name}, "
+            f"and this run's checkpoint {checkpoint} has written none: its batches would write "
+            "parts of the same names again, and pairs would be replaced or counted twice. Go "
+            "on with that join (its --checkpoint), or join into a new --output"
+        )
+        super().__init__(msg)
+
+
+def claim_output(root: Path, spec: StreamJoinSpec) -> None:
+    """Make the join state under `root` the one that writes `spec.output`: refused
+    (`JoinOutputTaken`) when the state is new and the output already holds parts. Recording
+    the parameters marks the state as begun, before its first part is written."""
+    if (root / "parameters.json").exists() or any(root.glob("state-*")):
+        return
+    found = next(iter(sorted(spec.output.glob("part-*.parquet"))), None)
+    if found is not None:
+        raise JoinOutputTaken(spec.output, root.parent, found)
+    durable.write_json(root / "parameters.json", asdict(JoinParameters.of(spec)))
 
 
 class JoinParametersChanged(SluiceError, ValueError):
@@ -333,9 +372,7 @@ def join_streams(
     plan = check_spec(spec)
     if failpoints is None:
         failpoints = Failpoints.from_environment(FAILPOINTS_ENV, known=FAILPOINTS, group=True)
-    sources = f"{spec.left.stream}#{spec.left.routing_key} x {spec.right.stream}#" + str(
-        spec.right.routing_key
-    )
+    sources = f"{spec.left.checkpoint_text} x {spec.right.checkpoint_text}"
     identity = JobIdentity("join", f"{spec.store}#{sources}", str(spec.output))
     root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
 
@@ -345,6 +382,7 @@ def join_streams(
 
     with Checkpoint(root, identity) as checkpoint:
         check_parameters(checkpoint.root / "join", spec, _gap_in_units(plan, spec))
+        claim_output(checkpoint.root / "join", spec)
         durable.remove_abandoned(spec.output)  # part files of a driver killed as it wrote
         streams = dict.fromkeys([spec.left.stream, spec.right.stream])
         inputs = [JobSource(spec.store, stream) for stream in streams]

@@ -14,6 +14,7 @@ from pipeline.jobs.stream_join import (
     FAILPOINTS,
     FAILPOINTS_ENV,
     JoinParametersChanged,
+    SeriesSource,
     process_batch,
 )
 from tests.jobs.test_bookmark import events_table
@@ -93,6 +94,36 @@ def test_sluice_run_join_refuses_other_parameters_on_its_checkpoint(
     )
     assert "Traceback" not in err
     assert {p.name: p.read_bytes() for p in out.glob("part-*")} == before
+
+
+@pytest.mark.spark
+def test_a_new_checkpoint_into_a_join_output_that_holds_pairs_is_refused(
+    spark, store, store_dir, tmp_path, capsys
+):
+    """Another checkpoint (or the same path, deleted) would write part-0, part-1... again:
+    pairs replaced, or counted twice beside the earlier run's later parts."""
+    two_series(store)
+    out = tmp_path / "joined"
+    argv = join_argv(store_dir, out, 4)
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.glob("part-*")}
+    assert len(before) > 1
+    other = tmp_path / "other-checkpoint"
+    assert cli.main([*argv[:-2], "--max-events", "12", "--checkpoint", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert f"join output {out} holds pairs another checkpoint wrote" in err, err
+    assert "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.glob("part-*")} == before
+    assert cli.main(argv) == 0  # its own checkpoint goes on
+    assert parts(out).equals(expected_final(store, spec_for(store_dir, out)))
+
+
+def test_checkpoints_name_every_series_apart_and_as_they_always_have():
+    texts = {SeriesSource("s", key).checkpoint_text for key in (None, "None", "\0None", "\0", "")}
+    assert len(texts) == 5
+    assert SeriesSource("s").checkpoint_text == "s#None"  # the name checkpoints already have
+    assert SeriesSource("s", "edge1").checkpoint_text == "s#edge1"
 
 
 def test_failpoints_name_the_join_s_points_and_their_hit(monkeypatch):

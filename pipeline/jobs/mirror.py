@@ -27,7 +27,7 @@ from pipeline.jobs.runner import (
     run_query,
     sluice_run,
 )
-from pipeline.streams import InvalidRoutingKey, open_store
+from pipeline.streams import open_store
 from pipeline.streams.names import check_routing_key
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class MirrorSpec:
     commit_mode: CommitMode = "auto"
 
     def __post_init__(self) -> None:
-        check_fixed_routing_key(self.fixed_routing_key)
+        check_routing_key(self.fixed_routing_key)
 
     def command_line(self, run: RunOptions = SERVICE) -> list[str]:
         """The `sluice run mirror …` argv that runs exactly this spec."""
@@ -61,29 +61,6 @@ class MirrorSpec:
         if self.commit_mode != "auto":
             flags += ["--commit-mode", self.commit_mode]
         return sluice_run(self.store, "mirror", flags, run)
-
-
-def check_fixed_routing_key(key: str | None) -> None:
-    """Refuse a fixed routing key the target's events would not carry as given
-    (`InvalidRoutingKey`): one the store cannot hold, and one the `sluice` sink's options
-    would change, since they trim white space and take an empty value for none (the empty key,
-    or white space at either end, would copy the events under their own keys or a trimmed
-    one)."""
-    check_routing_key(key)
-    if key is None or (key and key == key.strip()):
-        return
-    keep = "or leave out --fixed-routing-key to keep each event's own key"
-    if not key.strip():
-        reason = (
-            "a fixed routing key cannot be empty or only white space (the events would keep "
-            f"their own keys): give one, {keep}"
-        )
-    else:
-        reason = (
-            f"a fixed routing key cannot begin or end with white space (the events would carry "
-            f"{key.strip()!r}): give it without, {keep}"
-        )
-    raise InvalidRoutingKey(key, reason)
 
 
 def mirror_parameters(spec: MirrorSpec) -> JobParameters:

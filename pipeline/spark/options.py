@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.spark.errors import OptionError
-from pipeline.streams import InvalidCut, InvalidName, StreamCut, parse_stream
+from pipeline.streams import InvalidCut, InvalidName, InvalidRoutingKey, StreamCut, parse_stream
+from pipeline.streams.names import check_routing_key
 
 SOURCE = "sluice"
 EXPORT = "sluice-export"
@@ -28,6 +29,23 @@ def _get(options: Mapping[str, str], key: str) -> str | None:
     if value is None:
         value = options.get(key)
     return None if value is None or str(value).strip() == "" else str(value).strip()
+
+
+def _exact(options: Mapping[str, str], key: str) -> str | None:
+    """The option as given, white space and the empty text included (a routing key is
+    compared as it is: `pipeline/streams/names.py`); None when it is not given."""
+    value = options.get(key.lower())
+    if value is None:
+        value = options.get(key)
+    return None if value is None else str(value)
+
+
+def _routing_key(options: Mapping[str, str]) -> str | None:
+    key = _exact(options, "routingKey")
+    try:
+        return check_routing_key(key)
+    except InvalidRoutingKey as exc:
+        raise OptionError(SOURCE, "routingKey", key, exc.reason) from None
 
 
 def _stream(source: str, options: Mapping[str, str], key: str = "stream") -> str:
@@ -162,7 +180,7 @@ class SinkOptions:
         return cls(
             store=_store(options),
             stream=_stream(SOURCE, options),
-            routing_key=_get(options, "routingKey"),
+            routing_key=_routing_key(options),
             state=_state(options),
             batch_id=_batch_id(SOURCE, options),
             create_segments=_positive(SOURCE, options, "createSegments", None),

@@ -126,7 +126,7 @@ class _TaskWriter:
         with open_store(row["store"]) as source:
             events = source.read_segment(row["stream"], row["segment"], row["start"], row["end"])
             for event in events:
-                self.write_event(event.payload, fixed or event.routing_key)
+                self.write_event(event.payload, event.routing_key if fixed is None else fixed)
                 self.add_time(event.ingest_time_ns, event.ingest_time_ns)
 
     def add_time(self, low: int, high: int) -> None:

@@ -456,13 +456,16 @@ class EventReader(ABC):
 
     Positions are persisted by `commit()` (and by `close()`): events read but not committed
     are read again by whoever owns the segment next (at-least-once, exactly-once when the
-    consumer commits its own output and the reader position together).
+    consumer commits its own output and the reader position together). A reader whose
+    segments went to others (see `ReaderGroup.reader_offline`) gets `ReaderOffline`.
     """
 
     reader_id: str
 
     @abstractmethod
-    def read(self, max_events: int = 1000, timeout: float = 0.0) -> list[Event]: ...
+    def read(self, max_events: int = 1000, timeout: float = 0.0) -> list[Event]:
+        """Up to `max_events` (1 or more) events of this reader's segments, waiting up to
+        `timeout` seconds (0 or more) for one; per routing key in order."""
 
     @abstractmethod
     def commit(self) -> None: ...
@@ -478,13 +481,24 @@ class EventReader(ABC):
 
 
 class ReaderGroup(ABC):
-    """A named, persistent set of positions over one stream, shared by several readers."""
+    """A named, persistent set of positions over one stream, shared by several readers.
+
+    A reader that stops without `close()` (its process killed) holds its segments until
+    `reader_offline(its id)` is called, a new reader with its id joins, or (embedded store)
+    it has not read for `READER_TIMEOUT_S`; its next owners read them from the committed
+    positions, so nothing it did not commit is lost."""
 
     name: str
     stream: str
 
     @abstractmethod
-    def reader(self, reader_id: str) -> EventReader: ...
+    def reader(self, reader_id: str) -> EventReader:
+        """Join the group as `reader_id`, replacing a reader of that id already in it."""
+
+    @abstractmethod
+    def reader_offline(self, reader_id: str) -> None:
+        """Take `reader_id` out of the group (a reader whose process died): its segments go to
+        the other readers at their committed positions."""
 
     @abstractmethod
     def stream_cut(self) -> StreamCut:

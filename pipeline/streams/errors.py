@@ -270,6 +270,33 @@ class ReaderGroupNotFound(StreamStoreError, LookupError):
         super().__init__(msg)
 
 
+class ReaderGroupConflict(StreamStoreError, ValueError):
+    """A reader group's name is taken by a group of another stream (or of a deleted stream of
+    the same name: a group never continues into a new stream)."""
+
+    def __init__(self, name: str, stream: str, reason: str) -> None:
+        self.name, self.stream, self.reason = name, stream, reason
+        msg = (
+            f"reader group {name!r} cannot read {stream}: {reason}; delete the group"
+            " (`delete_reader_group`) or choose another name"
+        )
+        super().__init__(msg)
+
+
+class ReaderOffline(StreamStoreError):
+    """A reader is no longer the one the group gives segments to: `reader_offline` named it,
+    a reader with its id replaced it, or it read nothing for long enough to be presumed dead.
+    The events it read but did not commit are read again by the segments' next owners."""
+
+    def __init__(self, group: str, reader: str, reason: str) -> None:
+        self.group, self.reader, self.reason = group, reader, reason
+        msg = (
+            f"reader {reader!r} of group {group!r} lost its segments: {reason} (the events"
+            " it read from them since its last commit are read again by their new owners)"
+        )
+        super().__init__(msg)
+
+
 class StoreUnavailable(StreamStoreError, ConnectionError):
     """The store cannot be reached (a Pravega controller down, a directory not writable)."""
 

@@ -22,6 +22,7 @@ from collectors.errors import CollectorError
 from collectors.settings import InstanceSettings
 from pipeline.failpoints import Failpoints
 from pipeline.streams import StreamStore, StreamStoreError, open_store
+from pipeline.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class Sender:
         if self.coordinator is None:
             store = self.store_opener(self.settings.store)
             self.store = store
-            store.create_stream(self.settings.stream, segments=self.settings.segments)
+            if store.create_stream(self.settings.stream, segments=self.settings.segments):
+                self._note_new_stream()
             self.coordinator = TransactionCoordinator(
                 store, self.buffer, self.settings, self.failpoints
             )
@@ -113,6 +115,22 @@ class Sender:
                 self.coordinator.protocol,
             )
         return self.coordinator
+
+    def _note_new_stream(self) -> None:
+        """The stream did not exist, so it was created: if this buffer committed to it
+        before, those events are not in it (deleted with it, or in a store since replaced).
+        Sending goes on into the new stream, and the loss is logged and shown by status."""
+        committed = self.buffer.counters().get("events_committed", 0)
+        if not committed:
+            return
+        note = (
+            f"{self.settings.stream} did not exist in {self.settings.store}, so it was created"
+            f" again: the {counted(committed, 'event')} this buffer committed to it before are"
+            " not in it (the stream was deleted, or the store replaced); new events go to the"
+            " new stream"
+        )
+        log.error("%s: %s", self.settings.name, note)
+        self.buffer.record_error("sender", note)
 
     def _close_store(self) -> None:
         if self.coordinator is not None:

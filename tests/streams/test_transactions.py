@@ -171,20 +171,27 @@ def test_a_flush_cut_short_leaves_the_lost_begin_open_and_empty(store_dir, befor
         assert [e.payload for e in store.read(STREAM)] == [b"resent"]
 
 
-def test_an_open_transaction_lost_with_the_catalog_is_not_found(store_dir):
-    """A catalog rebuilt by `repair` knows only committed transactions: the id of one that was
-    open then is not quietly reopened empty (its flushed events are reported by repair)."""
+def test_a_flushed_transaction_lost_with_the_catalog_is_recovered_with_its_events(store_dir):
+    """A catalog rebuilt by `repair` recovers a transaction this store issued from its flushed
+    body: open, with its events (never reopened empty), so that its writer commits it; one
+    only begun (nothing flushed, nothing durable) is not found."""
     with open_store(f"embedded:{store_dir}") as store:
         store.create_stream(STREAM)
         txn = store.begin_transaction(STREAM)
         txn.write(b"flushed", routing_key="k")
         txn.flush()
+        begun = store.begin_transaction(STREAM)
     for path in store_dir.glob("catalog.db*"):
         path.unlink()
     with open_store(f"embedded:{store_dir}") as store:
-        store.repair()
+        report = store.repair()
+        assert any(txn.txn_id in p.what and "recovered" in p.what for p in report.fixed)
         with pytest.raises(TxnNotFound):
-            store.get_transaction(STREAM, txn.txn_id)
+            store.get_transaction(STREAM, begun.txn_id)
+        recovered = store.get_transaction(STREAM, txn.txn_id)
+        assert recovered.state() == "open"
+        recovered.commit()
+        assert [(e.routing_key, e.payload) for e in store.read(STREAM)] == [("k", b"flushed")]
 
 
 def test_ids_of_another_stream_or_store_or_altered_are_not_found(store_dir, tmp_path):

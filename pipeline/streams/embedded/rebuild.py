@@ -5,7 +5,10 @@ heads; the segment files give the block index and writer positions (every block 
 carries them) and the committed transactions (a transaction's block names it). The old
 catalog is set aside as `catalog.db.lost-<time>`, never deleted. What the data files cannot
 tell is reported, not guessed: segment files without a manifest, flushed events of
-transactions that never committed, reader groups.
+transactions that no stream of this store issued, reader groups. Flushed events of a
+transaction this store issued (its id names its stream, sealed with the store id) are
+recovered with it: `open` if none of its blocks landed, `committing` if some did, so that a
+writer that recorded the id (the collector's two-phase commit) commits it again or aborts it.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.streams.api import Problem, Progress, RepairReport, VerifyReport
+from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.binding import refuse_newer_store_file
-from pipeline.streams.embedded.blocks import BlockHeader
+from pipeline.streams.embedded.blocks import BadBlock, BlockHeader, body_checksum, frame_at
 from pipeline.streams.embedded.catalog import FORMAT_VERSION, REBUILDING, Catalog, now_ns
 from pipeline.streams.embedded.engine import Engine, StreamRow
 from pipeline.streams.embedded.integrity import Tally, seal_and_continue
@@ -31,6 +35,7 @@ from pipeline.streams.embedded.manifest import (
     write_store_id,
 )
 from pipeline.streams.embedded.segment import SegmentFile
+from pipeline.wording import counted
 
 CATALOG_FILES = ("catalog.db", "catalog.db-wal", "catalog.db-shm")
 
@@ -132,8 +137,11 @@ def rebuild(engine: Engine, progress: Progress | None) -> RepairReport:
         segfile.close()
         if engine.damage(row, entry.segment) is not None:
             seal_and_continue(engine, row, entry.segment, (entry.key_lo, entry.key_hi), tally)
-    record_transactions(engine, committed)
-    report_leftover_bodies(root, committed, tally)
+    bodies = leftover_bodies(root, committed)
+    recovered = recover_bodies(
+        engine, store_id, manifests=manifests, committed=committed, bodies=bodies, tally=tally
+    )
+    record_transactions(engine, {k: v for k, v in committed.items() if k not in recovered})
     with engine.catalog.write() as db:  # the catalog is whole: served from now on
         db.execute("DELETE FROM meta WHERE key = ?", (REBUILDING,))
     if lost_groups:
@@ -299,22 +307,129 @@ def record_transactions(
             )
 
 
-def report_leftover_bodies(
-    root: Path, committed: dict[str, list[tuple[int, int, BlockHeader]]], tally: Tally
-) -> None:
-    """Flushed events of transactions that did not land whole cannot be tied to a stream."""
-    bodies = root / "txn"
-    if not bodies.is_dir():
-        return
-    for path in sorted(bodies.glob("*.body")):
+#: A flushed body left in `txn/`: (transaction id, segment) -> its file.
+Bodies = dict[tuple[str, int], Path]
+
+
+def leftover_bodies(root: Path, committed: dict[str, list[tuple[int, int, BlockHeader]]]) -> Bodies:
+    """The flushed bodies in `txn/` whose events did not land in their segment."""
+    bodies: Bodies = {}
+    folder = root / "txn"
+    if not folder.is_dir():
+        return bodies
+    for path in sorted(folder.glob("*.body")):
         txn_id, _, rest = path.name.partition(".")
-        segment = int(rest.partition(".")[0]) if rest.partition(".")[0].isdigit() else None
-        landed = {seg for _, seg, _ in committed.get(txn_id, [])}
-        if segment in landed:
+        segment = rest.partition(".")[0]
+        if not (segment.isascii() and segment.isdigit()):
             continue
-        state = "was half committed" if landed else "was not committed"
-        what = (
-            f"transaction {txn_id} {state}: its flushed events in {path.name} cannot be tied"
-            " to a stream without the catalog; left in txn/"
+        if int(segment) not in {seg for _, seg, _ in committed.get(txn_id, [])}:
+            bodies[txn_id, int(segment)] = path
+    return bodies
+
+
+def recover_bodies(
+    engine: Engine,
+    store_id: str,
+    *,
+    manifests: dict[int, StreamManifest],
+    committed: dict[str, list[tuple[int, int, BlockHeader]]],
+    bodies: Bodies,
+    tally: Tally,
+) -> set[str]:
+    """Record the transactions of leftover bodies whose id this store issued for a live
+    stream: `open` with their flushed events, or `committing` (the rest lands at the next
+    commit) if some of their blocks landed. A body is taken up to its last whole event
+    frame. Returns the ids recorded `committing`; others' bodies are reported."""
+    by_txn: dict[str, dict[int, Path]] = {}
+    for (txn_id, segment), path in bodies.items():
+        by_txn.setdefault(txn_id, {})[segment] = path
+    committing: set[str] = set()
+    for txn_id, paths in by_txn.items():
+        owner = issuing_stream(store_id, manifests, txn_id)
+        if owner is None:
+            for segment, path in paths.items():
+                state = "was half committed" if txn_id in committed else "was not committed"
+                what = (
+                    f"transaction {txn_id} {state}, and no stream of this store issued it: its"
+                    f" flushed events in {path.name} cannot be tied to a stream; left in txn/"
+                )
+                tally.problems.append(Problem(None, segment, None, what))
+            continue
+        manifest, begun = owner
+        rows = [(segment, *whole_frames(path)) for segment, path in sorted(paths.items())]
+        landed = committed.get(txn_id, [])
+        with engine.catalog.write() as db:
+            record_recovered(db, txn_id, manifest.stream_id, begun=begun, rows=rows, landed=landed)
+        if landed:
+            committing.add(txn_id)
+        state = "committing (its next commit lands the rest)" if landed else "open"
+        events = counted(sum(row[2] for row in rows), "flushed event")
+        what = f"recovered transaction {txn_id} as {state} with its {events}: commit or abort it"
+        tally.fixed.append(Problem(manifest.qualified, None, None, what, True))
+    return committing
+
+
+def issuing_stream(
+    store_id: str, manifests: dict[int, StreamManifest], txn_id: str
+) -> tuple[StreamManifest, tuple[int, int]] | None:
+    """The live stream this store issued `txn_id` for, with the id's (created, expiry)."""
+    for manifest in manifests.values():
+        begun = txn_ids.begin_row(store_id, manifest.stream_id, txn_id)
+        if begun is not None and not manifest.deleted:
+            return manifest, begun
+    return None
+
+
+def whole_frames(path: Path) -> tuple[int, int, int]:
+    """(length, events, running checksum) of a body's whole event frames from its start.
+
+    The catalog that recorded the body's length is lost; bytes past the last whole frame (a
+    flush cut short) count for nothing, as bytes past a recorded length do."""
+    data = path.read_bytes()
+    pos = events = 0
+    while pos < len(data):
+        try:
+            _, payload_at, payload_len = frame_at(data, pos)
+        except BadBlock:
+            break
+        if payload_at + payload_len > len(data):
+            break
+        pos, events = payload_at + payload_len, events + 1
+    return pos, events, body_checksum(0, 0, data[:pos])
+
+
+def record_recovered(
+    db: sqlite3.Cursor,
+    txn_id: str,
+    stream_id: int,
+    *,
+    begun: tuple[int, int],
+    rows: list[tuple[int, int, int, int]],
+    landed: list[tuple[int, int, BlockHeader]],
+) -> None:
+    """The catalog rows of a recovered transaction: `open` with its bodies, or `committing`
+    with its landed blocks done and the bodies still to land."""
+    created, expiry = begun
+    if landed:
+        first = landed[0][2]
+        db.execute(
+            "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns, t_min,"
+            " t_max, ingest_ns) VALUES (?, ?, 'committing', ?, ?, ?, ?, ?)",
+            (txn_id, stream_id, created, expiry, first.t_min, first.t_max, first.ingest_ns),
         )
-        tally.problems.append(Problem(None, segment, None, what))
+    else:
+        db.execute(
+            "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
+            " VALUES (?, ?, 'open', ?, ?)",
+            (txn_id, stream_id, created, expiry),
+        )
+    db.executemany(
+        "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc, appended_at,"
+        " done) VALUES (?, ?, ?, ?, ?, ?, 1)",
+        [(txn_id, seg, h.body_len, h.events, 0, h.offset) for _, seg, h in landed],
+    )
+    db.executemany(
+        "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc)"
+        " VALUES (?, ?, ?, ?, ?)",
+        [(txn_id, *row) for row in rows],
+    )

@@ -7,6 +7,7 @@
                  run.lock       `flock`ed by the one run using it; holds that run's pid
                  spark/         Spark's checkpoint: offsets (stream cuts) and commits
                  ledger.sqlite  the sink's batch ledger (`pipeline/spark/ledger.py`)
+                 schema.avsc    an export's: the schema its last run used (`export.py`)
                  stop/          a running query's stop request (`stopping.py`)
 
 A run on a checkpoint in use (`CheckpointInUse`), of another job (`CheckpointMismatch`) or,

@@ -40,7 +40,8 @@ from pipeline.jobs.runner import (
     sluice_run,
 )
 from pipeline.outputs import check_writable
-from pipeline.schemas import FlattenPlan, flatten_plan
+from pipeline.schemas import FlattenPlan, flatten_plan, parse_schema_text
+from pipeline.schemas.evolution import incompatibilities
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 DEFAULT_FORMATS = ("parquet", "csv")
 MAX_ROWS_PER_FILE = 1_000_000
 EXPORT_RECORD_VERSION = 1
+#: The text of the schema an export's last run flattened through, in its checkpoint
+SCHEMA_FILE = "schema.avsc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,42 @@ class SchemaChanged(SluiceError, ValueError):
             "a new output directory, or give the changed field a new name"
         )
         super().__init__(msg)
+
+
+class SchemaIncompatible(SluiceError, ValueError):
+    """A schema that the events written under the schema of the export's earlier runs would
+    not fit (`pipeline.schemas.evolution`): they would be quarantined, or split a column."""
+
+    def __init__(self, output: Path, schema: str, kept: Path, field: str, reason: str) -> None:
+        self.output, self.schema, self.kept = str(output), schema, str(kept)
+        self.field, self.reason = field, reason
+        msg = (
+            f"export to {output}: schema {schema} does not fit the events of the schema its "
+            f"earlier runs used ({kept}): field {field!r} {reason}. Change the schema so that "
+            "it does, or export to a new --output with a new --checkpoint"
+        )
+        super().__init__(msg)
+
+
+def check_schema_evolution(plan: FlattenPlan, output: Path, checkpoint: Path) -> None:
+    """Refuse (`SchemaIncompatible`) a schema that the events written under the one the
+    checkpoint's last run used would not fit, by Avro's resolution rules: a field added
+    without a default, a type Avro does not promote, a field renamed through an alias. The
+    same schema in other words (whitespace, docs, order of attributes) goes on, as does a
+    checkpoint that kept no schema (made before this check)."""
+    kept = checkpoint / SCHEMA_FILE
+    if not kept.is_file():
+        return
+    old = parse_schema_text(kept.read_text(encoding="utf-8"), str(kept))
+    for change in incompatibilities(old, plan.schema):
+        raise SchemaIncompatible(output, plan.schema.source, kept, change.field, change.reason)
+
+
+def keep_schema(plan: FlattenPlan, checkpoint: Path) -> None:
+    """Keep the run's schema text in its checkpoint, for the next run's check."""
+    kept = checkpoint / SCHEMA_FILE
+    if not kept.is_file() or kept.read_text(encoding="utf-8") != plan.schema.text:
+        durable.write_text(kept, plan.schema.text)
 
 
 #: Type changes a reader of the Parquet files (DuckDB's `union_by_name`) widens without
@@ -285,8 +324,8 @@ def registered_exports(home: Path | None = None) -> list[ExportRecord]:
 def export_parameters(spec: ExportSpec, plan: FlattenPlan) -> JobParameters:
     """What an export's files were made with beyond its stream and output: the formats and
     the event-time column that partitions the rows (the one `--time-field` names, else the
-    schema's). The schema may change (`check_schema_fits`), and `max_rows_per_file` only
-    sizes files."""
+    schema's). The schema may change (`check_schema_fits`, `check_schema_evolution`), and
+    `max_rows_per_file` only sizes files."""
     formats = ",".join(sorted(set(spec.formats)))
     time = () if plan.time is None else (f"--time-field {plan.time.name}",)
     return JobParameters("export", (f"--format {formats}", *time))
@@ -322,7 +361,8 @@ def export(
 
     def options(checkpoint: Checkpoint) -> dict[str, str]:
         opts = {
-            "schema": plan.schema.source,
+            # the text, not the file: the tasks flatten through the schema this run checked
+            "schema": plan.schema.text,
             "output": str(output),
             "formats": ",".join(spec.formats),
             "maxRowsPerFile": str(spec.max_rows_per_file),
@@ -345,9 +385,12 @@ def export(
         checkpoint.check_parameters(
             wanted, has_output=has_output, why=EXPORT_CHANGED, remedy=EXPORT_REMEDY
         )
+        if has_output:
+            check_schema_evolution(plan, output, checkpoint.root)
         checkpoint.note_start(run.starting)
         check_output_kept(output, checkpoint.root, spec.formats)
         check_output_free(spec, output, checkpoint.root)
+        keep_schema(plan, checkpoint.root)
         record_export(spec)
         # Range rows: each task reads its range from the store and flattens it itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")

@@ -71,6 +71,8 @@ _AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: The export's hive partition columns: DuckDB's `hive_partitioning` would read their values
 #: from the directory names instead of a data column of the same name.
 PARTITIONS = ("date", "hour")
+#: The source of a plan made from a schema's text (`flatten_plan`).
+SCHEMA_TEXT = "<schema text>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +193,11 @@ def _plan_from_text(text: str, source: str, time_field: str | None) -> FlattenPl
 
 
 def flatten_plan(name_or_path: str, time_field: str | None = None) -> FlattenPlan:
-    """The plan for a bundled schema name or an `.avsc` path."""
+    """The plan for a bundled schema name, an `.avsc` path or a schema's JSON text itself
+    (`{…}`: how an export hands its tasks the schema its run checked, which its file may no
+    longer hold by the time a later batch runs)."""
+    if name_or_path.lstrip().startswith("{"):
+        return _plan_from_text(name_or_path, SCHEMA_TEXT, time_field)
     schema = load_schema(name_or_path)
     return _plan_from_text(schema.text, schema.source, time_field)
 
@@ -260,6 +266,10 @@ def _record_type(walk: _Walk, record: dict, fast: bool) -> type:
     with _inside(walk, record):
         for avro_field in record["fields"]:
             name = _field_name(walk, avro_field)
+            if _added_array(walk, avro_field):  # absent: None, its rows' values null
+                kind = _msgspec_type(walk, avro_field["type"], False, name) | None
+                fields.append((_attr(name), kind, msgspec.field(name=name, default=None)))
+                continue
             kind = _msgspec_type(walk, avro_field["type"], fast, name)
             fields.append((_attr(name), kind, _default(walk, avro_field, kind)))
     struct_name = record["name"].replace(".", "_") + ("_fast" if fast else "")
@@ -293,6 +303,15 @@ def _field_name(walk: _Walk, avro_field: dict) -> str:
         reason = "not an Avro name: a letter or _, then letters, digits and _ only"
         raise UnsupportedSchema(walk.source, name, reason)
     return name
+
+
+def _added_array(walk: _Walk, avro_field: dict) -> bool:
+    """Whether the field is an array whose default is empty: how Avro adds an array to a
+    schema. A parallel array that takes `[]` beside the event's other arrays would make
+    every event written before it unequal (quarantined); an event that lacks it has nulls in
+    its columns instead (`DESIGN.md`). An empty array that an event holds is not absent."""
+    default = avro_field.get("default")
+    return default == [] and _type_name(_resolve(walk, avro_field["type"])) == "array"
 
 
 def _attr(name: str) -> str:
@@ -359,7 +378,7 @@ def _columns(
                     prefix=(*prefix, name),
                     path=sub,
                     array=array,
-                    nullable=nullable,
+                    nullable=nullable or _added_array(walk, avro_field),
                     doc=avro_field.get("doc") or doc,
                 )
         return

@@ -322,7 +322,7 @@ def collectors_running(
         yield proc
     finally:
         stop_process(proc, grace_seconds=60.0)
-    if proc.returncode not in (0, -signal.SIGTERM):
+    if proc.returncode not in (0, -signal.SIGTERM, 128 + signal.SIGTERM):
         step, reason = "stop the collectors", f"exit status {proc.returncode} ({log_path})"
         raise DemoError(step, reason)
 

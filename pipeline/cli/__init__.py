@@ -5,7 +5,8 @@ Each module named in COMMANDS has `register(subparsers)`, which adds parsers who
 Only the module of the command being run is imported, so `sluice collect` starts on an edge
 box that has neither Spark nor DuckDB, and a command whose dependencies are not installed
 says which install it needs. Errors that Sluice raises on purpose (`SluiceError`) print as
-one line and exit 1.
+one line and exit 1; a closed pipe, a full device, Ctrl-C and SIGTERM end every command the
+same way (`pipeline.cli.process`).
 
 Before a command runs, `main` refuses `SLUICE_*` variables Sluice does not read, sets the
 modes of the files it will write (owner-only unless `SLUICE_GROUP_READ=1`), and turns every
@@ -198,7 +199,15 @@ def resolve_stores(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline.cli.process import run_command
+
     argv = sys.argv[1:] if argv is None else argv
+    return run_command(lambda: dispatch(argv))
+
+
+def dispatch(argv: list[str]) -> int:
+    """Parse `argv` and run its command; a platform package it lacks is a `MissingInstall`.
+    How it ends (an error, a closed pipe, a signal) is `run_command`'s."""
     umask: int | None = None
     root = logging.getLogger()
     logging_before = (root.level, root.handlers[:])
@@ -215,20 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         args = resolve_stores(args)
         configure_logging(args)
         return int(args.func(args) or 0)
-    except SluiceError as exc:
-        print(f"sluice: error: {exc}", file=sys.stderr)
-        return 1
     except ModuleNotFoundError as exc:  # a platform package the command imports, when it
         # registers or when it runs: one rule for both
         command = chosen_command(argv)
         if command is None or not exc.name or exc.name.split(".")[0] in OWN_PACKAGES:
             raise
-        print(f"sluice: error: {MissingInstall(command, exc.name)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
+        raise MissingInstall(command, exc.name) from None
     finally:
         if umask is not None:
             os.umask(umask)  # for callers in this process (tests); a process just exits

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import IO
 
 from pipeline.cli.options import positive_number, whole_number
+from pipeline.cli.process import Interruptible, standard_input
 from pipeline.cli.progress import Progress
 from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
@@ -207,14 +208,21 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
+    """Append each line of standard input. Ctrl-C or SIGTERM keeps (flushes) the lines read
+    so far and says how many, then ends the command as interrupted (`Interruptible`)."""
     count = 0
-    with open_store(args.store) as store, store.writer(args.stream) as writer:
-        for line in sys.stdin.buffer:
+    with (
+        Interruptible(standard_input()) as lines,
+        open_store(args.store) as store,
+        store.writer(args.stream) as writer,
+    ):
+        for line in lines:
             writer.write(line.rstrip(b"\r\n"), routing_key=args.routing_key)
             count += 1
             if count % WRITE_FLUSH_EVERY == 0:
                 writer.flush()
     print(f"wrote {counted(count, 'event')} to {args.stream}", file=sys.stderr)
+    lines.raise_interrupt()
     return 0
 
 

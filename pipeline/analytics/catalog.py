@@ -227,7 +227,7 @@ def _update_rates(b: _Builder, source: ExportSource, time: str) -> None:
 
 
 def _add_quarantine(b: _Builder, source: ExportSource) -> None:
-    from pipeline.schemas.flatten import QUARANTINE_SCHEMA
+    from pipeline.schemas.tables import QUARANTINE_SCHEMA
 
     stored = b.paths.stored(source.quarantine_root)
     files = source.quarantine_files()
@@ -299,7 +299,7 @@ def _add_rates(b: _Builder) -> None:
 
 
 def _add_quarantine_union(b: _Builder, sources: list[ExportSource]) -> None:
-    from pipeline.schemas.flatten import QUARANTINE_SCHEMA
+    from pipeline.schemas.tables import QUARANTINE_SCHEMA
 
     views = [f"{s.view}_quarantine" for s in sources]
     typed = {"export": "VARCHAR", "time": "TIMESTAMPTZ", **_typed(QUARANTINE_SCHEMA)}

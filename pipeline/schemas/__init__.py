@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from pipeline.schemas.avro import AvroSchema, bundled_schemas, load_schema, parse_schema_text
 from pipeline.schemas.errors import InvalidSchema, SchemaError, SchemaNotFound, UnsupportedSchema
-from pipeline.schemas.flatten import (
-    QUARANTINE_SCHEMA,
-    Events,
-    Flattened,
-    flatten,
-    quarantine_columns,
-)
+from pipeline.schemas.flatten import flatten
 from pipeline.schemas.plan import LINEAGE, Column, FlattenPlan, TimeColumn, flatten_plan
+from pipeline.schemas.tables import QUARANTINE_SCHEMA, Events, Flattened, quarantine_columns
 
 __all__ = [
     "LINEAGE",

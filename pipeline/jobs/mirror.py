@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, JobParameters, default_checkpoint
 from pipeline.jobs.in_process import stream_writer_batch
 from pipeline.jobs.runner import (
@@ -51,6 +53,8 @@ class MirrorSpec:
 
     def __post_init__(self) -> None:
         check_routing_key(self.fixed_routing_key)
+        if self.to == self.stream and same_store(self.store, self.to_store):
+            raise MirrorIntoItself(self.stream, self.store)
 
     def command_line(self, run: RunOptions = SERVICE) -> list[str]:
         """The `sluice run mirror …` argv that runs exactly this spec."""
@@ -61,6 +65,35 @@ class MirrorSpec:
         if self.commit_mode != "auto":
             flags += ["--commit-mode", self.commit_mode]
         return sluice_run(self.store, "mirror", flags, run)
+
+
+class MirrorIntoItself(SluiceError, ValueError):
+    """A mirror whose target is its own source stream."""
+
+    def __init__(self, stream: str, store: str) -> None:
+        self.stream, self.store = stream, store
+        msg = (
+            f"mirror {stream} -> {stream} in {store}: a stream cannot be mirrored into itself "
+            "(each batch would copy the copies of the one before: every event again and again); "
+            "give --to another stream, or --to-store another store"
+        )
+        super().__init__(msg)
+
+
+def same_store(a: str, b: str) -> bool:
+    """Whether two store URIs name one store: embedded directories compared as the paths they
+    resolve to (`embedded:` alone is the default one; a link, `..` or a trailing `/` name the
+    same), any other store as written."""
+    from pipeline.config import default_store_uri
+
+    def place(uri: str) -> str:
+        scheme, _, rest = uri.partition(":")
+        if scheme != "embedded":
+            return uri
+        directory = rest or default_store_uri().partition(":")[2]
+        return f"embedded:{Path(directory).expanduser().resolve()}"
+
+    return place(a) == place(b)
 
 
 def mirror_parameters(spec: MirrorSpec) -> JobParameters:

@@ -112,6 +112,29 @@ def test_an_unknown_stream_is_one_clear_line(store_dir, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_stream_mirrored_into_itself_is_refused_before_spark_starts(store, store_dir, capsys):
+    """The same stream in the same store, however the store is named: every run would copy
+    the copies again (a continuous one for ever)."""
+    store.create_stream("a/s")
+    with store.writer("a/s") as writer:
+        writer.write(b"x")
+    link = store_dir.parent / "link"
+    link.symlink_to(store_dir)
+    for to_store in (
+        f"embedded:{store_dir}/",
+        f"embedded:{link}",
+        f"embedded:{store_dir}/../{store_dir.name}",
+    ):
+        argv = ["--store", f"embedded:{store_dir}", "run", "mirror", "--stream", "a/s"]
+        code = cli.main([*argv, "--to", "a/s", "--to-store", to_store, "--available-now"])
+        err = capsys.readouterr().err
+        assert code == 1, err
+        assert "a stream cannot be mirrored into itself" in err and len(err.splitlines()) == 1
+    assert [e.payload for e in store.read("a/s")] == [b"x"]
+    MirrorSpec("a/s", "a/t", f"embedded:{store_dir}", f"embedded:{store_dir}")  # another stream
+    MirrorSpec("a/s", "a/s", f"embedded:{store_dir}", f"embedded:{link}-not")  # another store
+
+
 def test_bad_trigger_is_refused(store_dir, capsys):
     code = cli.main(
         ["--store", f"embedded:{store_dir}", "run", "mirror", "--stream", "a/b", "--to", "c/d",

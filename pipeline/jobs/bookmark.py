@@ -248,6 +248,13 @@ def check_spec(spec: BookmarkSpec, plan: FlattenPlan) -> None:
             msg = f"--{c.kind}"
             raise BookmarkError(msg, f"no column {c.field!r} in the rows")
     parse_stream(spec.slices_stream)
+    if spec.slices_stream == spec.stream:
+        option = "--slices-stream"
+        reason = (
+            f"{spec.stream} is the stream it bookmarks: its slice records would be read back as "
+            "events of that stream (and exported with them); name another stream"
+        )
+        raise BookmarkError(option, reason)
 
 
 def check_sensor_by(sensor_by: str, columns: list[str]) -> None:

@@ -4,6 +4,7 @@ a reason before Spark starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -49,6 +50,12 @@ def test_sensors_named_by_columns_holding_a_slash_are_two_sensors(store, store_d
 def test_sensor_columns_the_rows_lack_are_refused_before_spark_starts(store_dir, columns):
     with pytest.raises(BookmarkError, match=re.escape("--sensor-by: no column '")):
         check_spec(burst_spec(store_dir, columns), PLAN)
+
+
+def test_a_slices_stream_that_is_the_bookmarked_stream_is_refused(store_dir):
+    spec = dataclasses.replace(burst_spec(store_dir), slices_stream=STREAM)
+    with pytest.raises(BookmarkError, match=re.escape(f"{STREAM} is the stream it bookmarks")):
+        check_spec(spec, PLAN)
 
 
 def test_events_without_a_key_are_said_to_belong_to_no_sensor(store, store_dir, tmp_path, caplog):

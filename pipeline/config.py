@@ -155,6 +155,21 @@ def default_store_uri() -> str:
     return f"embedded:{sluice_home() / 'streams'}"
 
 
+def same_store(a: str, b: str) -> bool:
+    """Whether two store URIs name one store: embedded directories compared as the paths they
+    resolve to (`embedded:` alone is the default one; a link, `..` or a trailing `/` name the
+    same), any other store as written."""
+
+    def place(uri: str) -> str:
+        scheme, _, rest = uri.partition(":")
+        if scheme != "embedded":
+            return uri
+        directory = rest or default_store_uri().partition(":")[2]
+        return f"embedded:{Path(directory).expanduser().resolve()}"
+
+    return place(a) == place(b)
+
+
 def is_store_uri(text: str) -> bool:
     """Whether `text` has the form of a store URI (rather than a store's name)."""
     scheme, colon, _ = text.partition(":")

@@ -31,6 +31,7 @@ from pipeline.config import (
     default_store_uri,
     is_store_uri,
     load_config,
+    same_store,
     sluice_home,
     unknown_variables,
 )
@@ -368,6 +369,7 @@ def _resolve(
         )
         for name, t in sorted(table.streams.items())
     )
+    _check_mirrors(families, where)
     return SluiceSettings(
         home=home,
         source=source,
@@ -383,6 +385,28 @@ def _resolve(
         collectors=dict(table.collectors),
         raw=raw,
     )
+
+
+def _check_mirrors(families: tuple[StreamFamily, ...], where: str) -> None:
+    """Refuse a family mirrored into its own stream (each batch would copy the copies of the
+    one before) and two families mirrored into one stream (each one's exports, slices and
+    replays would read the other's events as its own)."""
+    for i, family in enumerate(families):
+        target = (family.mirror_store_uri, family.mirror_stream)
+        if family.mirror_stream == family.stream and same_store(family.store_uri, target[0]):
+            problem = (
+                f"streams.{family.name}.mirror.stream = {family.mirror_stream!r} in the same store "
+                "is the stream itself: a stream cannot be mirrored into itself"
+            )
+            raise SettingsError(where, problem)
+        for other in families[i + 1 :]:
+            if other.mirror_stream == target[1] and same_store(other.mirror_store_uri, target[0]):
+                problem = (
+                    f"streams.{family.name} and streams.{other.name} are both mirrored into "
+                    f"{target[1]!r} of one store: each family's exports and replays would read "
+                    "the other's events too; give each its own mirror.stream"
+                )
+                raise SettingsError(where, problem)
 
 
 def _under(home: Path, path: str) -> Path:

@@ -92,6 +92,27 @@ def test_mistakes_name_the_key(tmp_path, edit, message):
         load_settings(write(tmp_path, text), environ={}, home=tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            '[streams.net2]\nstream = "examples/other"\nschema = "NetworkSamples"\n'
+            '[streams.net2.mirror]\nstream = "site/network"\n',
+            "streams.net and streams.net2 are both mirrored into 'site/network' of one store",
+        ),
+        (
+            '[streams.loop]\nstream = "a/s"\nschema = "NetworkSamples"\n'
+            '[streams.loop.mirror]\nstore = "edge"\nstream = "a/s"\n',
+            "streams.loop.mirror.stream = 'a/s' in the same store is the stream itself",
+        ),
+    ],
+    ids=["two families, one mirror stream", "a family mirrored into itself"],
+)
+def test_mirrors_that_would_read_their_own_or_anothers_events_are_refused(tmp_path, extra, message):
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        load_settings(write(tmp_path, MINIMAL + extra), environ={}, home=tmp_path)
+
+
 def test_unknown_family_is_refused(settings):
     known = "no [streams.nope] (known: generator, network)"
     with pytest.raises(SettingsError, match=re.escape(known)):

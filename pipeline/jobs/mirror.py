@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.config import same_store
 from pipeline.errors import SluiceError
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, JobParameters, default_checkpoint
 from pipeline.jobs.in_process import stream_writer_batch
@@ -78,22 +78,6 @@ class MirrorIntoItself(SluiceError, ValueError):
             "give --to another stream, or --to-store another store"
         )
         super().__init__(msg)
-
-
-def same_store(a: str, b: str) -> bool:
-    """Whether two store URIs name one store: embedded directories compared as the paths they
-    resolve to (`embedded:` alone is the default one; a link, `..` or a trailing `/` name the
-    same), any other store as written."""
-    from pipeline.config import default_store_uri
-
-    def place(uri: str) -> str:
-        scheme, _, rest = uri.partition(":")
-        if scheme != "embedded":
-            return uri
-        directory = rest or default_store_uri().partition(":")[2]
-        return f"embedded:{Path(directory).expanduser().resolve()}"
-
-    return place(a) == place(b)
 
 
 def mirror_parameters(spec: MirrorSpec) -> JobParameters:

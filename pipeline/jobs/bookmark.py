@@ -367,8 +367,10 @@ class Bookmarker:
                 hit |= np.asarray(self.predicates[c.predicate](frame), dtype=bool)
         return hit
 
-    def process(self, events: pa.Table, heads: dict[int, int]) -> list[SliceRecord]:
-        """The slices the batch closes; `events` are `sluice` source rows in stream order."""
+    def process(self, events: pa.Table, head: StreamCut) -> list[SliceRecord]:
+        """The slices the batch closes; `events` are `sluice` source rows in stream order,
+        `head` the stream's head now (its segments' first offsets, and its identity, which the
+        slices' cuts carry: a slice never reads a later stream of the same name)."""
         if events.num_rows == 0:
             return []
         frame = self._frame(events)
@@ -392,7 +394,7 @@ class Bookmarker:
                 end = ends[(int(segment), int(offset))]
                 self._extend(sensor, int(segment), int(offset), end, row)
             elif run is not None:
-                closed.append(self._close(sensor, run, heads))
+                closed.append(self._close(sensor, run, head))
         return [record for record in closed if record is not None]
 
     def _extend(self, sensor: str, segment: int, offset: int, end: int, row: Any) -> None:
@@ -408,19 +410,19 @@ class Bookmarker:
         if run.samples is not None:
             run.samples += int(row["hits"])
 
-    def _close(self, sensor: str, run: OpenRun, heads: dict[int, int]) -> SliceRecord | None:
+    def _close(self, sensor: str, run: OpenRun, head: StreamCut) -> SliceRecord | None:
         """The run's slice, or None for a run with fewer than `min_samples` samples."""
         del self.state.runs[sensor]
         if run.samples is not None and run.samples < self.spec.min_samples:
             return None
-        scope, name = parse_stream(self.spec.stream)
+        heads = dict(head.segments)
         starts = {**heads, **{s: r[0] for s, r in run.ranges.items()}}
         ends = {**heads, **{s: r[1] for s, r in run.ranges.items()}}
         return SliceRecord.create(
             stream=self.spec.stream,
             sensor=sensor,
-            start_cut=StreamCut.of(scope, name, starts),
-            end_cut=StreamCut.of(scope, name, ends),
+            start_cut=head.moved_to(starts),
+            end_cut=head.moved_to(ends),
             start_time_ns=run.t_min,
             end_time_ns=run.t_max,
             reason=self.spec.reason,
@@ -457,7 +459,7 @@ def process_batch(
     def step(state: BookmarkState) -> list[SliceRecord]:
         bookmarker = Bookmarker(spec, plan, state)
         ordered = events.sort_by([("segment", "ascending"), ("offset", "ascending")])
-        closed = bookmarker.process(ordered, store.head(spec.stream).segments)
+        closed = bookmarker.process(ordered, store.head(spec.stream))
         record_slices(store, closed, spec.slices_stream)
         return closed
 

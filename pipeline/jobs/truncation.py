@@ -56,8 +56,8 @@ def resume_from(checkpoint: Checkpoint, sources: Sequence[JobSource], error: Tru
             return "head"
         with open_store(source.store) as opened:
             head = opened.head(source.stream)
-        position = StreamCut.parse(text).check_stream(head.scope, head.stream_name).segments
+        position = StreamCut.parse(text).check_same_stream(head).segments
     except (SluiceError, OSError):
         return "head"
     later = {seg: max(off, position.get(seg, 0)) for seg, off in head.segments.items()}
-    return StreamCut.of(head.scope, head.stream_name, {**position, **later}).text
+    return head.moved_to({**position, **later}).text

@@ -89,8 +89,8 @@ def cut_of(offset: dict, stream: str) -> StreamCut:
 def resolve_cut(store: StreamStore, stream: str, text: str, option: str) -> StreamCut:
     """`head`, `tail` or a cut's text, as a cut of `stream`."""
     cut = cut_option(stream, text, option)
-    if cut is not None:
-        return cut
+    if cut is not None:  # of this very stream, not of an earlier one of its name (`StaleCut`)
+        return cut.check_same_stream(store.head(stream))
     return store.head(stream) if text.lower() == "head" else store.tail(stream)
 
 
@@ -257,16 +257,19 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _ceiling(self, begin: StreamCut) -> StreamCut:
         """The furthest cut a batch may reach: the tail (or AvailableNow's), capped by the end."""
         tail = self.target or self.store.tail(self.opts.stream)
+        begin.check_same_stream(tail)  # `StaleCut`: the stream was created again since
         limit = tail.segments
         if self.opts.ending is not None:
             ending = resolve_cut(self.store, self.opts.stream, self.opts.ending, "endingCut")
             limit = {seg: min(off, ending.segments.get(seg, off)) for seg, off in limit.items()}
         start = begin.segments
         limit = {seg: max(off, start.get(seg, 0)) for seg, off in limit.items()}
-        return StreamCut.of(begin.scope, begin.stream_name, {**start, **limit})
+        return tail.moved_to({**start, **limit})
 
     def partitions(self, start: dict, end: dict) -> list[SegmentRange]:
         begin, finish = cut_of(start, self.opts.stream), cut_of(end, self.opts.stream)
+        head = self.store.head(self.opts.stream)  # a batch planned before a restart, too
+        begin, finish = begin.check_same_stream(head), finish.check_same_stream(head)
         return plan_ranges(self.store, self.opts, begin, finish)
 
     def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
@@ -326,7 +329,7 @@ def admit(
                 break
         if not progress:
             break
-    return StreamCut.of(begin.scope, begin.stream_name, pos)
+    return ceiling.moved_to(pos)
 
 
 def _advance(

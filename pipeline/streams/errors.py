@@ -90,6 +90,26 @@ class CutStreamMismatch(InvalidCut):
         super().__init__(text, f"it is a cut of stream {cut_stream}, not of {stream}")
 
 
+class StaleCut(InvalidCut):
+    """A cut of an earlier stream of the same name: one deleted and created again since the
+    cut was taken (or, rarely, a cut from another store). Its positions mean nothing in the
+    stream there is now, so it is refused wherever it is used."""
+
+    def __init__(
+        self, text: str, stream: str, cut_stream_id: int, stream_id: int, earlier: str = ""
+    ) -> None:
+        self.stream, self.cut_stream_id, self.stream_id = stream, cut_stream_id, stream_id
+        self.earlier = earlier
+        reason = (
+            f"it is a cut of an earlier stream named {stream} (stream id {cut_stream_id}"
+            f"{', ' + earlier if earlier else ''}), not of the {stream} there is now (stream id"
+            f" {stream_id}): a stream deleted and created again under its name starts anew,"
+            " and this cut's positions mean nothing in it; take a cut of the new stream"
+            " (head, tail, a reader group's) instead"
+        )
+        super().__init__(text, reason)
+
+
 class InvalidArgument(StreamStoreError, ValueError):
     """A value the store cannot use: a retention limit, a scaling policy, a split or a merge.
 

@@ -18,6 +18,7 @@ from pipeline.jobs.bookmark import (
 )
 from pipeline.jobs.slices import list_slices, record_slices
 from pipeline.schemas import flatten_plan
+from pipeline.streams import StaleCut, StreamCut
 from tests.jobs.test_replay_support import MS, STREAM, T0, nic_stream
 
 CALM, BURST = [10] * 10, [50_000] * 10  # bytes per 1 ms sample: 0.08 vs 400 Mbit/s
@@ -96,6 +97,20 @@ def test_bursts_become_exactly_the_expected_slices(store, store_dir, tmp_path):
         others = [seg for seg, _ in start.positions if seg != first.segment]
         assert all(start.offset(seg) == end.offset(seg) for seg in others)  # empty ranges
     assert {s.reason for s in slices} == {"NIC rate above 100 Mbit/s"}
+
+
+def test_a_slice_is_never_read_from_a_later_stream_of_its_name(store, store_dir, tmp_path):
+    """Its cuts carry the stream's identity: once the stream is deleted and created again,
+    reading the slice is `StaleCut`, not the new stream's events at the old offsets."""
+    nic_stream(store, PLAN)
+    bspec = spec(store_dir, Condition("burst", value=100.0))
+    first = run_batches(store, bspec, tmp_path / "state", [events_table(store)])[0]
+    assert StreamCut.parse(first.start_cut).stream_id == store.head(STREAM).stream_id
+    store.seal_stream(STREAM)
+    store.delete_stream(STREAM)
+    nic_stream(store, PLAN)
+    with pytest.raises(StaleCut, match="it is a cut of an earlier stream named"):
+        list(store.read(STREAM, start=first.start_cut, end=first.end_cut))
 
 
 def test_ids_are_stable_across_reruns_and_batch_boundaries(store, store_dir, tmp_path):

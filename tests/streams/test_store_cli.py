@@ -44,7 +44,7 @@ def test_round_trip(sluice):
     assert sluice("store", "read", "site/net", "--from", cut).stdout == "d\n"
     assert sluice("store", "read", "site/net", "--to", cut).stdout == "a\nb\nc\n"
     info = json.loads(sluice("store", "info", "site/net").stdout)
-    assert info["events"] == 4 and len(info["segments"]) == 2 and info["tail"].startswith("v1~")
+    assert info["events"] == 4 and len(info["segments"]) == 2 and info["tail"].startswith("v2~")
     assert sluice("store", "list").stdout.split() == ["site/net"]
     sluice("store", "truncate", "site/net", cut)
     assert sluice("store", "read", "site/net").stdout == "d\n"

@@ -35,6 +35,7 @@ from pipeline.streams.embedded.blocks import (
     parse_header,
 )
 from pipeline.streams.embedded.catalog import REBUILDING, Catalog, now_ns
+from pipeline.streams.embedded.identity import check_identity
 from pipeline.streams.embedded.manifest import (
     MANIFEST_FILE,
     StreamManifest,
@@ -290,12 +291,12 @@ class Engine:
         heads = self.catalog.query(
             "SELECT segment, head FROM segments WHERE stream_id=?", (row.id,)
         )
-        return StreamCut.of(row.scope, row.name, dict(heads))
+        return StreamCut.of(row.scope, row.name, dict(heads), row.id)
 
     def tail(self, row: StreamRow) -> StreamCut:
         """The valid end of every segment, indexing whatever others appended since."""
         tails = {seg: self.catch_up(row, seg) for seg, _, _ in self.segments(row)}
-        return StreamCut.of(row.scope, row.name, tails)
+        return StreamCut.of(row.scope, row.name, tails, row.id)
 
     def segment_file(self, row: StreamRow, segment: int) -> SegmentFile:
         key = (row.id, segment)
@@ -517,9 +518,11 @@ class Engine:
 
     # --- cuts ---------------------------------------------------------------------------
     def check_cut(self, row: StreamRow, cut: StreamCut | str) -> StreamCut:
-        """`cut` if it is a whole cut of this stream: it names every segment the stream had at
-        that point, and no offset lies past a segment's tail; else `InvalidCut`."""
+        """`cut` if it is a whole cut of this stream: of this very stream, not of an earlier
+        one of its name (`StaleCut`), it names every segment the stream had at that point, and
+        no offset lies past a segment's tail; else `InvalidCut`."""
         cut = as_cut(cut).check_stream(row.scope, row.name)
+        check_identity(self.catalog, row.id, cut)
         known = {seg for seg, _, _ in self.segments(row)}
         unknown = sorted(set(cut.segments) - known)
         if unknown:

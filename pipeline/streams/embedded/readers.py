@@ -121,7 +121,7 @@ class EmbeddedReaderGroup(ReaderGroup):
         )
         if not rows:
             raise ReaderGroupNotFound(self.name)
-        return StreamCut.of(self.row.scope, self.row.name, dict(rows))
+        return StreamCut.of(self.row.scope, self.row.name, dict(rows), self.row.id)
 
     def checkpoint(self, name: str) -> StreamCut:
         check_name("checkpoint", name)

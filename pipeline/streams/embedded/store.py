@@ -178,8 +178,8 @@ class EmbeddedStore(StreamStore):
             scope=row.scope,
             stream=row.name,
             sealed=sealed,
-            head=StreamCut.of(row.scope, row.name, {s.segment: s.head for s in segs}),
-            tail=StreamCut.of(row.scope, row.name, {s.segment: s.tail for s in segs}),
+            head=StreamCut.of(row.scope, row.name, {s.segment: s.head for s in segs}, row.id),
+            tail=StreamCut.of(row.scope, row.name, {s.segment: s.tail for s in segs}, row.id),
             segments=tuple(segs),
             retention=Retention(*retention) if retention else Retention(),
         )
@@ -233,8 +233,8 @@ class EmbeddedStore(StreamStore):
             starts[seg] = max(head, inside[0].offset) if inside else tail
             ends[seg] = inside[-1].end if inside else starts[seg]
         return (
-            StreamCut.of(row.scope, row.name, starts),
-            StreamCut.of(row.scope, row.name, ends),
+            StreamCut.of(row.scope, row.name, starts, row.id),
+            StreamCut.of(row.scope, row.name, ends, row.id),
         )
 
     # --- reading ------------------------------------------------------------------------
@@ -376,6 +376,6 @@ class EmbeddedStore(StreamStore):
             new_heads[seg] = max(head[seg], keep[0].offset) if keep else tail[seg]
         if new_heads == head:
             return None
-        cut = StreamCut.of(row.scope, row.name, new_heads)
+        cut = StreamCut.of(row.scope, row.name, new_heads, row.id)
         self.truncate(cut)
         return cut

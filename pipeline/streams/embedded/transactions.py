@@ -249,6 +249,8 @@ class EmbeddedTransaction(Transaction):
         if not sealed:
             return
         self._active = self.engine.segments(self.row, active_only=True)
+        if not self._active:  # the stream was sealed (or deleted) since `commit` checked it
+            self.engine.check_writable(self.row)
         moved: dict[int, list[bytes]] = defaultdict(list)
         for segment, body_len in sealed:
             body = b"".join(self._body(segment, body_len))

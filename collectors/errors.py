@@ -174,3 +174,16 @@ class CursorUnreadable(CollectorError):
         self.path, self.cursor, self.problem, self.hint = path, cursor, problem, hint
         msg = f"buffer {path}: the driver's cursor {cursor!r} {problem}; {hint}"
         super().__init__(msg)
+
+
+class InstanceRunning(CollectorError):
+    """An offline action on an instance's buffer (`sluice collect resolve`) while a
+    collector runs it."""
+
+    def __init__(self, instance: str, path: Path, action: str) -> None:
+        self.instance, self.path, self.action = instance, path, action
+        msg = (
+            f"instance {instance}: a running collector holds its buffer {path}; stop it "
+            f"first, then run `{action}` again (the sender must not use the buffer meanwhile)"
+        )
+        super().__init__(msg)

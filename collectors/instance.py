@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from collectors.buffer import Appended, Buffer, TxnHook, WriteTurns
+from collectors.buffer import Appended, Buffer, Held, TxnHook, WriteTurns
 from collectors.buffer.schema import CursorState, PendingEvent
 from collectors.drivers.base import Driver
 from collectors.errors import BufferLocked, BufferOwned, BufferUnusable, CollectorError
@@ -142,7 +142,7 @@ class Instance:
 
     def start(self) -> None:
         """Lock and open the buffer, check that it is this instance's, start both threads."""
-        self._lock_fd = _lock(self.settings, self.file_modes.file)
+        self._lock_fd = lock_buffer(self.settings, self.file_modes.file)
         try:
             self._start()
         except BaseException:
@@ -229,9 +229,9 @@ class Instance:
     def sender_running(self) -> bool:
         return bool(self._threads) and self._threads[0].is_alive()
 
-    def buffered(self) -> int:
-        """Events still held in the buffer."""
-        return self._buffers[0].depth() if self._buffers else 0
+    def buffered(self) -> Held:
+        """Events still held in the buffer: pending, and doubtful."""
+        return self._buffers[0].held() if self._buffers else Held(0, 0)
 
     def record_stop(self, note: str) -> None:
         """Keep how the last run ended for `sluice collect status` (threads have ended)."""
@@ -289,7 +289,9 @@ def _claim(buffer: Buffer, settings: InstanceSettings) -> None:
     buffer.set_meta({**identity, "driver_connected": "", "driver_detail": ""})
 
 
-def _lock(settings: InstanceSettings, file_mode: int) -> int:
+def lock_buffer(settings: InstanceSettings, file_mode: int) -> int:
+    """Take the instance's lock file (`BufferLocked` if a running collector holds it) and
+    return its descriptor: closing it releases the lock."""
     path = settings.buffer_file.with_name(settings.buffer_file.name + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -64,6 +64,14 @@ COUNTER_METRICS: dict[str, tuple[str, str]] = {
         "txns_doubtful",
         "Transactions the store no longer knew: their events are kept, not re-sent.",
     ),
+    "doubtful_dropped": (
+        "doubtful_dropped",
+        "Doubtful events the operator dropped (sluice collect resolve --drop).",
+    ),
+    "doubtful_resent": (
+        "doubtful_resent",
+        "Doubtful events the operator put back in the send queue (--resend).",
+    ),
     "events_shed": ("events_shed", "Events dropped on a full buffer (when_full = shed)."),
     "samples_shed": ("samples_shed", "Samples dropped on a full buffer (when_full = shed)."),
     "blocked_ms": ("blocked_seconds", "Time the driver waited for room in a full buffer."),

@@ -8,13 +8,14 @@ drain is over.
 
 Shutdown, on SIGTERM, SIGINT or SIGHUP alike: drivers stop and hand their partial batches to
 the buffer; senders send what is buffered; what is left stays in the buffer, safe, and is
-sent at the next start. All of it ends within `drain_timeout_seconds` whatever the drivers
-are doing (a driver that does not stop in time is left behind: its buffer commits are
-atomic, so this is as safe as a crash). A second signal ends the drain at once. SIGHUP does
-not reload the configuration: it stops like SIGTERM, and the supervisor (systemd's
-`Restart=always`, Docker's restart policy) starts the collector again, which reads its
-configuration anew. The service also ends, after draining, when every driver has finished
-on its own (a generator with `max_samples`).
+sent at the next start (doubtful events, which are never sent by themselves, are counted
+apart, with what to do: `sluice collect resolve`, in `resolve.py`). All of it ends within
+`drain_timeout_seconds` whatever the drivers are doing (a driver that does not stop in time
+is left behind: its buffer commits are atomic, so this is as safe as a crash). A second
+signal ends the drain at once. SIGHUP does not reload the configuration: it stops like
+SIGTERM, and the supervisor (systemd's `Restart=always`, Docker's restart policy) starts the
+collector again, which reads its configuration anew. The service also ends, after draining,
+when every driver has finished on its own (a generator with `max_samples`).
 """
 
 from __future__ import annotations
@@ -166,16 +167,31 @@ def _wait_halted(instances: list[Instance], deadline: float, hurry: threading.Ev
 
 
 def _report_left(instance: Instance, reason: str) -> None:
+    """Log and record what stays in the buffer: pending events go at the next start, doubtful
+    ones only when the operator says so (`sluice collect resolve`)."""
+    name = instance.settings.name
     left = instance.buffered()
+    note = f"{reason}; {counted(left.pending, 'event')} left in the buffer"
+    if left.doubtful:
+        note += f", and {counted(left.doubtful, 'doubtful event')}"
     try:
-        instance.record_stop(f"{reason}; {counted(left, 'event')} left in the buffer")
+        instance.record_stop(note)
     except CollectorError as exc:  # a full disk: `collect status` tells an unclean stop
-        log.error("%s: cannot record the stop: %s", instance.settings.name, exc)
-    if left:
+        log.error("%s: cannot record the stop: %s", name, exc)
+    if left.pending:
         log.warning(
             "%s: %s stay in the buffer and will be sent at the next start",
-            instance.settings.name,
-            counted(left, "event"),
+            name,
+            counted(left.pending, "event"),
         )
-    else:
-        log.info("%s: buffer drained", instance.settings.name)
+    if left.doubtful:
+        log.warning(
+            "%s: %s stay in the buffer and will NOT be sent by themselves: the store no "
+            "longer knows their transaction, so whether the stream holds them cannot be "
+            "told; run `sluice collect resolve %s` to check the stream and resend or drop them",
+            name,
+            counted(left.doubtful, "doubtful event"),
+            name,
+        )
+    if not left.total:
+        log.info("%s: buffer drained", name)

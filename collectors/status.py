@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from collectors.batch import format_timestamp
-from collectors.buffer import PROMISED_UP_TO
+from collectors.buffer import PROMISED_UP_TO, held
 from collectors.buffer.file import WAL_STATE, lost_wal, wal_path, why_without_tables
 from collectors.buffer.status import read_counters, read_meta
 from collectors.settings import CollectorSettings, InstanceSettings
@@ -47,6 +47,7 @@ class InstanceStatus:
     capacity_events: int = 0
     pending_txns: int = 0
     doubtful_txns: int = 0
+    doubtful_events: int = 0  # held for the operator: `sluice collect resolve`
     last_committed_ns: int | None = None
     lag_seconds: float | None = None
     oldest_buffered_ns: int | None = None
@@ -203,7 +204,8 @@ def _int(text: str | None) -> int:
 
 
 def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
-    low, high, oldest = conn.execute("SELECT min(id), max(id), min(min_ns) FROM events").fetchone()
+    (oldest,) = conn.execute("SELECT min(min_ns) FROM events").fetchone()
+    holding = held(conn)
     queued_after = conn.execute(PROMISED_UP_TO).fetchone()[0]
     queued_samples = conn.execute(
         "SELECT coalesce(sum(samples), 0) FROM events WHERE id > ?", (queued_after,)
@@ -221,10 +223,11 @@ def _read(conn: sqlite3.Connection, now_ns: int) -> dict:
     return {
         "sender_state": meta.get("sender_state"),
         "txn_protocol_used": meta.get("txn_protocol"),
-        "depth_events": 0 if low is None else high - low + 1,
+        "depth_events": holding.total,
         "queued_samples": queued_samples,
         "pending_txns": states.get("open", 0) + states.get("ready", 0),
         "doubtful_txns": states.get("doubtful", 0),
+        "doubtful_events": holding.doubtful,
         "last_committed_ns": last,
         "lag_seconds": None if last is None else max(0.0, (now_ns - last) / 1e9),
         "oldest_buffered_ns": oldest,
@@ -278,11 +281,23 @@ def format_status(statuses: list[InstanceStatus]) -> str:
             f"  transactions: {_protocol(s)}; awaiting commit: {s.pending_txns:,}; "
             f"doubtful: {s.doubtful_txns:,}; errors: {c.get('errors', 0):,}",
         ]
+        if s.doubtful_txns:
+            lines.append(doubtful_hint(s.name, s.doubtful_txns, s.doubtful_events))
         if s.connected is not None:
             lines.insert(1, f"  {'connected' if s.connected else 'NOT connected'}: {s.connection}")
         lines += [f"    {e['time']} {e['source']}: {e['message']}" for e in s.last_errors]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def doubtful_hint(name: str, txns: int, events: int) -> str:
+    """What doubtful events are and what to do about them (status, and the shutdown log)."""
+    return (
+        f"  DOUBTFUL: {counted(events, 'event')} of {counted(txns, 'transaction')} the store "
+        "no longer knows may or may not be in the stream; never sent automatically: "
+        f"stop the collector and run `sluice collect resolve {name}` to check the stream "
+        "and resend or drop them"
+    )
 
 
 def _protocol(s: InstanceStatus) -> str:

@@ -7,7 +7,7 @@ The file format is described in FORMAT.md next to this file.
 """
 
 from collectors.buffer.file import BufferFile, WriteTurns, connect
-from collectors.buffer.ledger import PROMISED_UP_TO, TxnLedger
+from collectors.buffer.ledger import PROMISED_UP_TO, Held, TxnLedger, held
 from collectors.buffer.queue import Appended, Buffer, TxnHook, WhenFull
 
 __all__ = [
@@ -15,9 +15,11 @@ __all__ = [
     "Appended",
     "Buffer",
     "BufferFile",
+    "Held",
     "TxnHook",
     "TxnLedger",
     "WhenFull",
     "WriteTurns",
     "connect",
+    "held",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from collectors.buffer.file import BufferFile
 from collectors.buffer.schema import BufferedEvent, TxnRecord, TxnRecordState
@@ -23,6 +24,35 @@ from pipeline.wording import counted
 #: Every record with a range holds its rows out of the queue until it is resolved: `ready`
 #: and `doubtful` ones, and `open` ones of the commit protocol (see coordinator.py).
 PROMISED_UP_TO = "SELECT coalesce(max(last_id), 0) FROM txns WHERE last_id IS NOT NULL"
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The events a buffer holds: `pending` ones (queued, or promised to a transaction that
+    recovery settles) go to the stream by themselves; `doubtful` ones wait for the operator
+    (`sluice collect resolve`)."""
+
+    pending: int
+    doubtful: int
+
+    @property
+    def total(self) -> int:
+        return self.pending + self.doubtful
+
+
+def held(conn: sqlite3.Connection) -> Held:
+    """What the buffer on `conn` holds, counted from the ends of its id ranges (SQLite counts
+    rows one by one). Doubtful ranges lie below every other row: nothing is sent while a
+    recorded transaction is unsettled, and they never move. The other rows are one run of
+    ids after them (batches leave from its head, requeued ones return to it)."""
+    doubtful, doubtful_up_to = conn.execute(
+        "SELECT coalesce(sum(events), 0), coalesce(max(last_id), 0) FROM txns"
+        " WHERE state = 'doubtful'"
+    ).fetchone()
+    low, high = conn.execute(
+        "SELECT min(id), max(id) FROM events WHERE id > ?", (doubtful_up_to,)
+    ).fetchone()
+    return Held(0 if low is None else high - low + 1, doubtful)
 
 
 class TxnLedger:
@@ -138,6 +168,64 @@ class TxnLedger:
                 (note, record.txn_id),
             )
             add_counters(c, {"txns_doubtful": 1})
+
+    def doubtful(self) -> list[TxnRecord]:
+        """The doubtful records, oldest first."""
+        return [r for r in self.txns() if r.state == "doubtful"]
+
+    def rows(self, record: TxnRecord) -> list[BufferedEvent]:
+        """The buffered events of `record`'s range, in order."""
+        rows = self.file.conn.execute(
+            "SELECT id, payload, routing_key, min_ns, max_ns, samples FROM events"
+            " WHERE id BETWEEN ? AND ? ORDER BY id",
+            (record.first_id, record.last_id),
+        )
+        return [BufferedEvent(*row) for row in rows]
+
+    def drop_doubtful(self, record: TxnRecord) -> None:
+        """The operator says the doubtful batch is in the stream (or not wanted): drop its
+        rows and its record together."""
+        with self.file.transaction() as c:
+            self._check_doubtful(c, record)
+            c.execute(
+                "DELETE FROM events WHERE id BETWEEN ? AND ?", (record.first_id, record.last_id)
+            )
+            c.execute("DELETE FROM txns WHERE txn_id = ?", (record.txn_id,))
+            add_counters(c, {"doubtful_dropped": record.events})
+        self._promised_up_to = None
+        self.file.notify_room()
+
+    def resend_doubtful(self, record: TxnRecord) -> None:
+        """The operator says the doubtful batch is not in the stream: its rows move, in order,
+        to the tail of the send queue (new ids: the rows after the doubtful ones stay one run
+        of ids, see `held`) and its record goes, in one SQLite transaction."""
+        with self.file.transaction() as c:
+            self._check_doubtful(c, record)
+            c.execute(
+                "INSERT INTO events (routing_key, payload, min_ns, max_ns, samples, buffered_ns)"
+                " SELECT routing_key, payload, min_ns, max_ns, samples, buffered_ns FROM events"
+                " WHERE id BETWEEN ? AND ? ORDER BY id",
+                (record.first_id, record.last_id),
+            )
+            c.execute(
+                "DELETE FROM events WHERE id BETWEEN ? AND ?", (record.first_id, record.last_id)
+            )
+            c.execute("DELETE FROM txns WHERE txn_id = ?", (record.txn_id,))
+            add_counters(c, {"doubtful_resent": record.events})
+        self._promised_up_to = None
+
+    def _check_doubtful(self, c: sqlite3.Connection, record: TxnRecord) -> None:
+        found = c.execute(
+            "SELECT count(*) FROM events WHERE id BETWEEN ? AND ?",
+            (record.first_id, record.last_id),
+        ).fetchone()[0]
+        state = c.execute("SELECT state FROM txns WHERE txn_id = ?", (record.txn_id,)).fetchone()
+        if state != ("doubtful",) or found != record.events:
+            detail = (
+                f"transaction {record.txn_id} is not a doubtful record of "
+                f"{counted(record.events, 'event')} ({counted(found, 'row')} held)"
+            )
+            raise BufferCorrupt(self.file.path, detail)
 
     def _forget(self, c: sqlite3.Connection, record: TxnRecord, recommitted: bool) -> None:
         c.execute("DELETE FROM events WHERE id BETWEEN ? AND ?", (record.first_id, record.last_id))

@@ -23,7 +23,7 @@ from typing import Literal
 
 from collectors.buffer import status
 from collectors.buffer.file import BufferFile, WriteTurns
-from collectors.buffer.ledger import TxnLedger
+from collectors.buffer.ledger import Held, TxnLedger, held
 from collectors.buffer.schema import BufferedEvent, CursorState, PendingEvent
 from collectors.errors import CURSOR_HINT, CursorUnreadable
 from pipeline.failpoints import Failpoints
@@ -156,8 +156,7 @@ class Buffer(BufferFile):
 
     @staticmethod
     def _depth(c: sqlite3.Connection) -> int:
-        low, high = c.execute("SELECT min(id), max(id) FROM events").fetchone()
-        return 0 if low is None else high - low + 1
+        return held(c).total
 
     def _count_shed(self, events: Sequence[PendingEvent]) -> None:
         self._shed_events += len(events)
@@ -270,8 +269,12 @@ class Buffer(BufferFile):
         ).fetchone()[0]
 
     def depth(self) -> int:
-        """Events held (queued, or promised to a transaction not yet forgotten)."""
+        """Events held (queued, promised to a transaction not yet forgotten, or doubtful)."""
         return self._depth(self.conn)
+
+    def held(self) -> Held:
+        """Events held, pending (sent by the collector) and doubtful (by the operator)."""
+        return held(self.conn)
 
 
 def _ms_since(start: float) -> int:

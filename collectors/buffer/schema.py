@@ -76,6 +76,8 @@ COUNTERS = (
     "txns_aborted",
     "txns_requeued",
     "txns_doubtful",
+    "doubtful_dropped",
+    "doubtful_resent",
     "events_shed",
     "samples_shed",
     "blocked_ms",

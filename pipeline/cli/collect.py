@@ -1,4 +1,5 @@
-"""`sluice collect [--config collector.toml]` and `sluice collect status [--check]`.
+"""`sluice collect [--config collector.toml]`, `sluice collect status [--check]` and
+`sluice collect resolve NAME [--auto | --resend | --drop]` (`collectors/resolve.py`).
 
 Without `--config`, `./collector.toml` is read if it exists; instances may also (or only)
 come from `PRAVEGA_SENSOR_COLLECTOR_*` environment variables. The global `--store` (a URI or
@@ -47,6 +48,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and its sender the store (within unhealthy_after_seconds)",
     )
     status.set_defaults(func=_status)
+    _register_resolve(actions)
+
+
+def _register_resolve(actions: argparse._SubParsersAction) -> None:
+    resolve = actions.add_parser(
+        "resolve",
+        help="settle doubtful events (their transaction is unknown to the store)",
+        description="Doubtful events were sent in a stream transaction the store no longer "
+        "knows, so whether the stream holds them cannot be told from the buffer, and the "
+        "collector never sends them by itself. Without an option, read the stream and say "
+        "of each doubtful transaction whether its events are in it (byte for byte) and what "
+        "--auto would do. Only while the instance's collector is stopped.",
+    )
+    _config_option(resolve, argparse.SUPPRESS)
+    resolve.add_argument("name", metavar="NAME", help="the collector instance")
+    choice = resolve.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--auto",
+        action="store_const",
+        const="auto",
+        dest="resolve_action",
+        help="drop those whose every event is in the stream, resend those none of whose "
+        "events is in it (if it was never truncated); leave the others, saying why",
+    )
+    choice.add_argument(
+        "--resend",
+        action="store_const",
+        const="resend",
+        dest="resolve_action",
+        help="they are not in the stream: send them at the next start (after the events "
+        "queued now)",
+    )
+    choice.add_argument(
+        "--drop",
+        action="store_const",
+        const="drop",
+        dest="resolve_action",
+        help="they are in the stream, or not wanted: delete them from the buffer",
+    )
+    resolve.set_defaults(func=_resolve, resolve_action="report")
 
 
 def _config_option(parser: argparse.ArgumentParser, default: object) -> None:
@@ -94,3 +135,18 @@ def _status(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"unhealthy: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    from collectors.errors import ConfigError
+    from collectors.resolve import resolve
+
+    settings = _load(args)
+    found = [inst for inst in settings.instances if inst.name == args.name]
+    if not found:
+        names = ", ".join(inst.name for inst in settings.instances) or "none"
+        where = f"instance {args.name}"
+        raise ConfigError(where, "is not configured", f"instances: {names}")
+    outcome = resolve(found[0], args.resolve_action, settings.file_modes)
+    print("\n".join(outcome.lines))
+    return 1 if outcome.unsettled else 0

@@ -342,7 +342,7 @@ def test_a_status_probe_at_start_up_is_waited_for_not_taken_for_an_owner(make_co
     import time
 
     from collectors.errors import BufferLocked
-    from collectors.instance import LOCK_PATIENCE_SECONDS, _lock
+    from collectors.instance import LOCK_PATIENCE_SECONDS, lock_buffer
 
     inst = make_config({"gen": generator()}).instances[0]
     inst.buffer_file.parent.mkdir(parents=True)
@@ -350,14 +350,14 @@ def test_a_status_probe_at_start_up_is_waited_for_not_taken_for_an_owner(make_co
     probe = os.open(lock_file, os.O_RDONLY | os.O_CREAT, 0o600)
     fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
     threading.Timer(0.3, os.close, (probe,)).start()  # the probe lets go
-    os.close(_lock(inst, 0o600))
+    os.close(lock_buffer(inst, 0o600))
 
     owner = os.open(lock_file, os.O_RDONLY)
     fcntl.flock(owner, fcntl.LOCK_SH | fcntl.LOCK_NB)  # held for good: another collector
     try:
         started = time.monotonic()
         with pytest.raises(BufferLocked, match=re.escape("is in use by another running")):
-            _lock(inst, 0o600)
+            lock_buffer(inst, 0o600)
         assert time.monotonic() - started >= LOCK_PATIENCE_SECONDS
     finally:
         os.close(owner)

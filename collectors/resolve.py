@@ -182,7 +182,8 @@ def _search(store: StreamStore, record: TxnRecord, rows: list[BufferedEvent]) ->
     total = len(rows)
     where = f"{stream} ({counted(read, 'event')} read)"
     if found == total:
-        reason = f"in the stream: all {counted(total, 'event')} are in {where}, byte for byte"
+        which = "its event is" if total == 1 else f"all {total} events are"
+        reason = f"in the stream: {which} in {where}, byte for byte"
         return Finding(record, "in", reason)
     if found:
         reason = (

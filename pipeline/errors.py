@@ -1,7 +1,17 @@
-"""The root of Sluice's own errors: the `sluice` command prints any of them as one line."""
+"""The root of Sluice's own errors: the `sluice` command prints any of them as one line.
+
+Besides them, the two ways a command ends that are not errors, shared by the command line and
+the jobs it runs (`pipeline/cli/process.py` turns them into an exit status): `Interrupted`
+by a signal, and `OutputClosed` when standard output's reader went away.
+"""
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 
@@ -24,3 +34,43 @@ def _restore(cls: type[SluiceError], args: tuple[Any, ...], fields: dict[str, An
     error.args = args  # an OSError subclass leaves `args` to the __init__ not called here
     error.__dict__.update(fields)
     return error
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that ends a command as Ctrl-C does (SIGINT, SIGTERM); `signum` says which,
+    so the command ends with that signal's status (128 + `signum`)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.signum,)
+
+
+class OutputClosed(BaseException):
+    """Standard output's reader went away (EPIPE): the command stops, nothing to report.
+
+    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way (a
+    batch that failed and is handed to Spark, a retry) takes it for a failure: it ends the
+    command, and what was cut short stays undone (a batch stays planned, to be re-run).
+    A `foreachBatch` function that prints must catch it (`pipeline/jobs/console.py`): py4j
+    answers Spark's call only for an `Exception`, so Spark would wait for ever."""
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises `Interrupted` in this block, as Ctrl-C raises KeyboardInterrupt (main
+    thread only; elsewhere nothing is installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    earlier = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, earlier)

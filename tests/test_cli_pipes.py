@@ -163,6 +163,30 @@ def test_a_signal_while_write_waits_for_input_keeps_the_lines_read(env, stream, 
     assert intact(env)
 
 
+def test_a_line_from_a_slow_producer_is_stored_while_the_producer_waits(env, stream):
+    """`tail -f log | sluice store write`: a line, then nothing more for a while. The line is
+    stored without waiting for more input, and survives `kill -9` of the writer."""
+    proc = subprocess.Popen(
+        [*SLUICE, "store", "write", "a/b"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        proc.stdin.write(b"slow 1\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 30
+        while sluice(env, "store", "read", "a/b").stdout.splitlines()[-1] != b"slow 1":
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the line was never stored"
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    read = sluice(env, "store", "read", "a/b").stdout.splitlines()
+    assert (len(read), read[-1]) == (1001, b"slow 1")
+    assert intact(env)
+
+
 @pytest.mark.parametrize(
     "locale",
     [

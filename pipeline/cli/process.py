@@ -9,7 +9,9 @@ status. `main` runs every command through `run_command`, so one rule holds for a
   complains; an error that follows (where another thread wrote the output, as Spark's
   foreachBatch does) is taken for its consequence. Commands print after their work (a
   store's change is whole before its line is written), so a closed output never leaves a
-  change half-done.
+  change half-done. `OutputClosed` is no `Exception` (`pipeline/errors.py`): nothing on its
+  way takes it for a failure to retry; `sluice run console` stops its query after the batch
+  it cut short, and leaves that batch to be printed again (`pipeline/jobs/console.py`).
 - **Standard output that fails otherwise** (`> /dev/full`, `>&-`): one line,
   `sluice: error: cannot write standard output: …`, exit 1.
 - **Ctrl-C (SIGINT) and SIGTERM**: the command unwinds as on an error (its `finally` blocks
@@ -32,15 +34,15 @@ from __future__ import annotations
 import errno
 import io
 import os
+import select
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from types import FrameType
 from typing import BinaryIO, Generic, TextIO, TypeVar
 
-from pipeline.errors import SluiceError
+from pipeline.errors import Interrupted, OutputClosed, SluiceError, sigterm_interrupts
 
 T = TypeVar("T")
 #: The signals that end a command as Ctrl-C does.
@@ -48,12 +50,10 @@ INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 #: The exit status when standard output's reader went away: 128 + SIGPIPE, as for `cat`.
 EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
+#: How much of standard input `lines_as_they_come` reads at once.
+INPUT_CHUNK = 1 << 16
 #: The exit status of a command that failed: a `SluiceError` (standard output failing is one).
 EXIT_FAILED = 1
-
-
-class OutputClosed(Exception):
-    """Standard output's reader went away (EPIPE): the command stops, nothing to report."""
 
 
 class OutputFailed(SluiceError):
@@ -76,14 +76,6 @@ class InputClosed(SluiceError):
         super().__init__(msg)
 
 
-class Interrupted(KeyboardInterrupt):
-    """A signal that ends a command as Ctrl-C does (`INTERRUPTS`); `signum` says which."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
 def run_command(command: Callable[[], int]) -> int:
     """Run `command` (it prints its own errors and returns a status) under the module doc's
     rules, and return the process's exit status."""
@@ -95,7 +87,7 @@ def run_command(command: Callable[[], int]) -> int:
         return EXIT_OUTPUT_CLOSED
     except SluiceError as exc:
         if output_closed():  # what followed from it where another thread wrote the output
-            return EXIT_OUTPUT_CLOSED  # (Spark's foreachBatch: `sluice run console | head`)
+            return EXIT_OUTPUT_CLOSED  # (a job whose foreachBatch printed and failed)
         print(f"sluice: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:
@@ -128,6 +120,39 @@ def standard_input() -> BinaryIO:
     if sys.stdin is None:
         raise InputClosed
     return sys.stdin.buffer
+
+
+def lines_as_they_come(source: BinaryIO, pause: float) -> Iterator[bytes | None]:
+    """`source`'s lines (a command's standard input), each without its `\\n` and as soon as
+    it has come (a last line without one too), and None once each time no whole line has come
+    for `pause` seconds: the producer is slow or idle, the moment to make what was taken
+    durable. Read in large chunks, as a file's lines are. A source with no descriptor to wait
+    on (a test's) is read line by line, with no pauses."""
+    try:
+        fd = source.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        for line in source:
+            yield line.removesuffix(b"\n")
+        return
+    parts: list[bytes] = []  # a line not ended yet
+    paused = False
+    while True:
+        if not paused and not select.select([fd], [], [], pause)[0]:
+            paused = True
+            yield None
+            continue
+        chunk = source.read1(INPUT_CHUNK)  # type: ignore[attr-defined]
+        if not chunk:
+            if any(parts):
+                yield b"".join(parts)
+            return
+        paused = False
+        if b"\n" not in chunk:
+            parts.append(chunk)
+            continue
+        *lines, rest = b"".join([*parts, chunk]).split(b"\n")
+        parts = [rest]
+        yield from lines
 
 
 class Interruptible(Generic[T]):
@@ -173,23 +198,6 @@ class Interruptible(Generic[T]):
         """End the command as the signal would have (`run_command`), if one came."""
         if self.signum is not None:
             raise Interrupted(self.signum)
-
-
-@contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises `Interrupted` as Ctrl-C raises KeyboardInterrupt (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signum)
-
-    earlier = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, earlier)
 
 
 class GuardedOutput(io.FileIO):

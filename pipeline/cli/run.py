@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.cli.options import slices_stream_option
 from pipeline.cli.progress import Progress, Task
 from pipeline.config import under_home
-from pipeline.errors import SluiceError
+from pipeline.errors import SluiceError, sigterm_interrupts
 from pipeline.jobs.bookmark import (
     DEFAULT_NAME,
     BookmarkSpec,
@@ -40,7 +40,6 @@ from pipeline.jobs.export import DEFAULT_FORMATS, MAX_ROWS_PER_FILE, ExportSpec,
 from pipeline.jobs.in_process import IN_PROCESS_BYTES, IN_PROCESS_ENV
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
-from pipeline.jobs.stopping import sigterm_as_ctrl_c
 from pipeline.jobs.stream_join import TIME_COLUMN, SeriesSource, StreamJoinSpec, join_streams
 from pipeline.wording import counted
 
@@ -210,7 +209,7 @@ def _start(
     (a second one at once) and the summary is printed; before that, either interrupts the run
     (`pipeline/jobs/stopping.py`)."""
     progress = Progress.of(args, data_on_stdout=job is console)
-    with progress.task(args.job) as task, sigterm_as_ctrl_c():
+    with progress.task(args.job) as task, sigterm_interrupts():
         task.stage(f"reading {reading(args)}")
         run = replace(run, stop_on_signals=True)
         return job(lambda: _session(task), spec, run, report=BatchProgress(task))

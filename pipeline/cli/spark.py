@@ -77,7 +77,7 @@ def _public(state) -> dict:
 
 def _start(args: argparse.Namespace) -> int:
     from pipeline.config import sluice_home
-    from pipeline.jobs.stopping import sigterm_as_ctrl_c
+    from pipeline.errors import sigterm_interrupts
     from pipeline.spark import connect, zip_bytecode
 
     conf = _settings()
@@ -91,7 +91,7 @@ def _start(args: argparse.Namespace) -> int:
     if missing := zip_bytecode.without_bytecode():
         print(f"sluice: warning: {zip_bytecode.bytecode_advice(missing)}", file=sys.stderr)
     home = sluice_home()
-    with sigterm_as_ctrl_c():  # Ctrl-C or SIGTERM: `start_server` stops what it launched
+    with sigterm_interrupts():  # Ctrl-C or SIGTERM: `start_server` stops what it launched
         state = connect.start_server(home, conf, host=args.host, port=args.port)
     print(
         json.dumps({"status": "running", "state": str(connect.state_path(home)), **_public(state)})

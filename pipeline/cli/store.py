@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import IO
 
 from pipeline.cli.options import positive_number, whole_number
-from pipeline.cli.process import Interruptible, standard_input
+from pipeline.cli.process import Interruptible, lines_as_they_come, standard_input
 from pipeline.cli.progress import Progress
 from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
@@ -19,7 +19,12 @@ from pipeline.streams.api import Retention, ScalingPolicy
 from pipeline.wording import counted
 
 FOLLOW_POLL_S = 0.2
+#: `store write` flushes at least every this many lines,
 WRITE_FLUSH_EVERY = 1000
+#: and once the oldest line it has not flushed is this old (seconds),
+WRITE_FLUSH_AFTER_S = 1.0
+#: and whenever no line has come for this long: the producer is slow or idle.
+INPUT_PAUSE_S = 0.1
 #: A read between cuts this far apart shows its progress on standard error.
 LARGE_READ_BYTES = 64 * 1024 * 1024
 #: Store URIs whose controller applies retention by itself (`sluice store retain` has no work).
@@ -208,19 +213,33 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
-    """Append each line of standard input. Ctrl-C or SIGTERM keeps (flushes) the lines read
-    so far and says how many, then ends the command as interrupted (`Interruptible`)."""
+    """Append each line of standard input. An event is durable (flushed) within about
+    `WRITE_FLUSH_AFTER_S` of its line's arrival, however slow the producer (`tail -f log |
+    sluice store write …`): the writer flushes every `WRITE_FLUSH_EVERY` lines, when the
+    input pauses, and when the oldest line not flushed is that old. Ctrl-C or SIGTERM keeps
+    (flushes) the lines read so far and says how many, then ends the command as interrupted
+    (`Interruptible`)."""
     count = 0
+    unflushed, since = 0, 0.0  # lines not flushed yet; when the first of them came
     with (
-        Interruptible(standard_input()) as lines,
+        Interruptible(lines_as_they_come(standard_input(), INPUT_PAUSE_S)) as lines,
         open_store(args.store) as store,
         store.writer(args.stream) as writer,
     ):
         for line in lines:
-            writer.write(line.rstrip(b"\r\n"), routing_key=args.routing_key)
-            count += 1
-            if count % WRITE_FLUSH_EVERY == 0:
+            if line is not None:
+                writer.write(line.rstrip(b"\r"), routing_key=args.routing_key)
+                count += 1
+                unflushed += 1
+                if unflushed == 1:
+                    since = time.monotonic()
+            if unflushed and (
+                line is None
+                or unflushed >= WRITE_FLUSH_EVERY
+                or time.monotonic() - since >= WRITE_FLUSH_AFTER_S
+            ):
                 writer.flush()
+                unflushed = 0
     print(f"wrote {counted(count, 'event')} to {args.stream}", file=sys.stderr)
     lines.raise_interrupt()
     return 0

@@ -6,7 +6,13 @@ One line per event, in stream order within each batch; the payload as UTF-8 text
 `max_chars` (with its full size), or hex when it is not UTF-8. Delivery: **at-least-once** —
 each batch is printed from the driver once it is read, and a batch Spark re-runs after a
 crash is printed again (printing is not transactional); with a checkpoint, a later run
-resumes after the last batch printed."""
+resumes after the last batch printed.
+
+When the reader of the output goes away (`sluice run console … | head`: `OutputClosed`), the
+batch being printed is cut short: the job stops printing, the query stops after that batch
+(`stopping.py`), and the batch is left undone, as a crash would leave it (no commit log
+entry), so a later run prints it again from its first event. Then `OutputClosed` ends the
+run."""
 
 from __future__ import annotations
 
@@ -14,8 +20,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from pipeline import durable
+from pipeline.errors import OutputClosed
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
 from pipeline.jobs.in_process import events_batch
 from pipeline.jobs.runner import (
@@ -27,6 +36,7 @@ from pipeline.jobs.runner import (
     run_query,
     sluice_run,
 )
+from pipeline.jobs.stopping import StopGate
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -34,6 +44,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter
 
 MAX_CHARS = 200
+#: Why the query stops when the output's reader went away (`StopRequest`'s log line).
+OUTPUT_CLOSED = "the reader of standard output went away"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +93,38 @@ def _print_events(spec: ConsoleSpec, out: TextIO) -> Callable[[pa.Table, int], N
     return print_events
 
 
-def _printer(spec: ConsoleSpec, out: TextIO) -> Callable[[DataFrame, int], None]:
-    print_events = _print_events(spec, out)
+class _Printer:
+    """The `foreachBatch` function (on the driver, in a py4j thread). An exception raised
+    here fails the query with Spark's and py4j's tracebacks, so a closed output is not one:
+    the batch stops printing, the query is asked to stop after it, and `cut_short` names it
+    (the module doc)."""
 
-    def print_batch(batch: DataFrame, batch_id: int) -> None:
-        print_events(batch.toArrow(), batch_id)
+    def __init__(self, spec: ConsoleSpec, out: TextIO, gate: StopGate) -> None:
+        self.print_events = _print_events(spec, out)
+        self.gate = gate
+        self.cut_short: int | None = None
 
-    return print_batch
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if self.cut_short is not None:
+            return  # no batch is planned after the stop was asked; were one, it is undone too
+        try:
+            self.print_events(batch.toArrow(), batch_id)
+        except OutputClosed:
+            self.cut_short = batch_id
+            self.gate.close(OUTPUT_CLOSED)
+
+
+def _undo(spark_dir: Path, first: int) -> None:
+    """Remove Spark's commit log entries of batch `first` and after (their offset log
+    entries stay): those batches are planned and not done, as after a driver crash between
+    the sink and the commit log, and the next run re-runs them. Call it with the query
+    stopped, holding the checkpoint."""
+    commits = spark_dir / "commits"
+    for entry in list(commits.iterdir()):
+        if entry.name.isdigit() and int(entry.name) >= first:
+            (commits / f".{entry.name}.crc").unlink(missing_ok=True)
+            entry.unlink()
+    durable.fsync_dir(commits)
 
 
 def console(
@@ -101,15 +138,20 @@ def console(
     identity = JobIdentity("console", f"{spec.store}#{spec.stream}", "console")
     root = run.checkpoint or default_checkpoint("console", spec.stream, "console")
 
-    def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
-        printer = _printer(spec, out or sys.stdout)
-        return events.writeStream.foreachBatch(printer).queryName(f"console {spec.stream}")
-
     with Checkpoint(root, identity) as checkpoint:
         checkpoint.note_start(run.starting)
+        printer = _Printer(spec, out or sys.stdout, StopGate(checkpoint.stop_dir, 1))
+
+        def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
+            return events.writeStream.foreachBatch(printer).queryName(f"console {spec.stream}")
+
         source = JobSource(spec.store, spec.stream)
+        # In this process a closed output ends the batch before its commit log entry.
         small = events_batch(_print_events(spec, out or sys.stdout))
         batches = run_query(
             spark, checkpoint, source, run=run, sink=sink, report=report, in_process=small
         )
+        if printer.cut_short is not None:
+            _undo(checkpoint.spark_dir, printer.cut_short)
+            raise OutputClosed
         return JobSummary("console", str(checkpoint.root), batches, {})

@@ -19,6 +19,10 @@ its report is lost. A stop asked for on purpose lands between two batches instea
    sources). Stopping the query then interrupts an idle trigger at most, and the checkpoint
    is settled. A run until caught up ends by itself at the gate (nothing more to read).
 
+A job's sink may ask too, from inside a batch, by closing the gate with a reason (the
+console job, when the reader of its output went away): the waiting loop then stops the query
+as on a first signal, after that batch.
+
 So the stop comes right after the batch in flight, or at once when none is. Signals
 (`StopRequest.installed`, for the command line): the first SIGTERM or SIGINT asks for that
 stop; a second stops the query at once, mid-batch if need be (exactly-once still: the next run
@@ -69,9 +73,21 @@ class StopGate:
             shutil.rmtree(self.root)
         self.root.mkdir()
 
-    def close(self) -> None:
-        """Ask the query's sources to plan no more batches."""
-        self.request_file.touch()
+    def close(self, reason: str = "") -> None:
+        """Ask the query's sources to plan no more batches; `reason` (from a sink asking for
+        the stop) is for the loop that waits for the query (`StopRequest.act`)."""
+        if reason:
+            self.request_file.write_text(reason)
+        else:
+            self.request_file.touch()
+
+    @property
+    def asked(self) -> str | None:
+        """The reason written with a request (a sink's), or None when there is none."""
+        try:
+            return self.request_file.read_text() or None
+        except FileNotFoundError:
+            return None
 
     @property
     def closed(self) -> bool:
@@ -126,7 +142,10 @@ class StopRequest:
             self._restore()
 
     def act(self, query: StreamingQuery) -> None:
-        """Called by the waiting loop: stop `query` if a stop is asked for and due."""
+        """Called by the waiting loop: stop `query` if a stop is asked for and due, by a
+        signal, by the job, or by its sink through the gate."""
+        if not self.stop.is_set() and self.gate is not None and (reason := self.gate.asked):
+            self.ask(reason)
         if not self.stop.is_set():
             return
         if self.now.is_set() or self.gate is None:
@@ -159,25 +178,6 @@ class StopRequest:
         earlier, self._earlier = self._earlier, {}
         for signum, handler in earlier.items():
             signal.signal(signum, handler)
-
-
-@contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt in this block, as Ctrl-C does: a job asked to stop
-    while it starts Spark, or before its query runs, ends as it would on Ctrl-C. (While the
-    query runs, `StopRequest` handles both.) In the main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    earlier = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, earlier)
 
 
 def _between_triggers(query: StreamingQuery) -> bool:

@@ -268,3 +268,21 @@ def test_sigterm_stops_a_mirror_attached_to_spark_connect_after_the_batch_in_fli
     assert summary["reports"][-1]["batch_id"] >= batch
     assert_settled_at_the_last_report(stores, summary)
     finish_and_assert_each_event_once(stores, server, "--in-process-bytes", "100000000")
+
+
+def test_sigterm_while_spark_starts_ends_the_run_as_sigterm(tmp_path, stores):
+    """Before the query runs there is no batch to finish: the run ends as interrupted, and
+    says by which signal (143, as `kill` expects; not Ctrl-C's 130)."""
+    job = Job.start(stores.mirror("--in-process-bytes", "0"), job_env(tmp_path / "home"))
+    try:
+        deadline = time.monotonic() + 60
+        while not any("starting Spark" in line for line in list(job.stderr)):
+            assert job.proc.poll() is None, job.log()
+            assert time.monotonic() < deadline, job.log()
+            time.sleep(0.01)
+        send(job, signal.SIGTERM)
+        code, _, err = job.end()
+    finally:
+        job.kill()
+    assert (code, err.splitlines()[-1]) == (143, "sluice: interrupted by SIGTERM"), err
+    assert "Traceback" not in err, err

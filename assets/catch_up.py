@@ -40,12 +40,11 @@ from pipeline.jobs.checkpoint import (
     BatchTotals,
     CheckpointInUse,
     CheckpointProgress,
-    default_checkpoint,
     ledger_totals,
 )
 from pipeline.jobs.checkpoint import committed_progress as read_progress
-from pipeline.jobs.export import ExportSpec, export
-from pipeline.jobs.mirror import MirrorSpec, mirror
+from pipeline.jobs.export import ExportSpec, export, export_checkpoint
+from pipeline.jobs.mirror import MirrorSpec, mirror, mirror_checkpoint
 from pipeline.jobs.replay import ReplayError
 from pipeline.jobs.runner import BatchReport, JobSummary, RunOptions
 from pipeline.outputs import OutputNotWritable
@@ -115,9 +114,7 @@ class FamilyJobs:
 
     def checkpoint(self, job: Literal["mirror", "export"]) -> Path:
         """The checkpoint `sluice run <job>` uses by default (shared with the service)."""
-        if job == "mirror":
-            return default_checkpoint("mirror", self.mirror.stream, self.mirror.to)
-        return default_checkpoint("export", self.export.stream, str(self.export.output))
+        return mirror_checkpoint(self.mirror) if job == "mirror" else export_checkpoint(self.export)
 
 
 def service_command(spec: MirrorSpec | ExportSpec | BookmarkSpec) -> str:

@@ -15,8 +15,7 @@ import dagster as dg
 
 from assets.catch_up import CatchUpStep, Source, StepRun, service_command, spark_asset_spec
 from assets.keys import mirror_key, slices_key
-from pipeline.jobs.bookmark import BookmarkSpec, Condition, bookmark, threshold
-from pipeline.jobs.checkpoint import default_checkpoint
+from pipeline.jobs.bookmark import BookmarkSpec, Condition, bookmark, bookmark_checkpoint, threshold
 from pipeline.jobs.slices import SliceRecord, format_ns, list_slices
 from pipeline.settings import BookmarkTable, StreamFamily
 from pipeline.streams import StreamStore
@@ -97,7 +96,7 @@ def slices_step(family: StreamFamily) -> CatchUpStep[frozenset[str]]:
         family=family,
         specs=(asset,),
         description=description,
-        checkpoint=default_checkpoint("bookmark", spec.stream, spec.slices_stream),
+        checkpoint=bookmark_checkpoint(spec),
         service=service,
         source=Source(family.mirror_store, spec.stream),
         run=lambda spark, options, report: bookmark(spark, spec, options, report),

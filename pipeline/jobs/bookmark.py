@@ -488,6 +488,17 @@ def _foreach(spec: BookmarkSpec, plan: FlattenPlan, root: Path) -> Callable[[Dat
     return run_batch
 
 
+def bookmark_identity(spec: BookmarkSpec) -> JobIdentity:
+    """What the bookmark job's checkpoint records (`job.json`): the stream, with its store,
+    and the slices stream (in the same store)."""
+    return JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
+
+
+def bookmark_checkpoint(spec: BookmarkSpec) -> Path:
+    """The checkpoint `sluice run bookmark` uses without `--checkpoint` (and the assets)."""
+    return default_checkpoint(bookmark_identity(spec), spec.stream, spec.slices_stream)
+
+
 def bookmark_parameters(spec: BookmarkSpec) -> JobParameters:
     """What a checkpoint's open runs and slices were made with: the sensors, the conditions
     and the minimum (`name` only signs the slices; the schema may evolve)."""
@@ -517,13 +528,13 @@ def bookmark(
     """Run the bookmark job (see the module doc) until caught up or stopped."""
     from pipeline.schemas import flatten_plan
 
-    identity = JobIdentity("bookmark", f"{spec.store}#{spec.stream}", spec.slices_stream)
+    identity = bookmark_identity(spec)
     plan = flatten_plan(spec.schema)
     try:
         check_spec(spec, plan)
     except (BookmarkError, InvalidName) as exc:  # in the words a batch would have used
         raise JobFailed(identity.job, str(exc)) from exc
-    root = run.checkpoint or default_checkpoint("bookmark", spec.stream, spec.slices_stream)
+    root = run.checkpoint or bookmark_checkpoint(spec)
 
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
         process = _foreach(spec, plan, checkpoint.root / "bookmarks")

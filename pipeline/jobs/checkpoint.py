@@ -137,41 +137,53 @@ class JobIdentity:
         return f"{self.job} {self.source} -> {self.target}"
 
 
-def default_checkpoint(job: str, source_stream: str, target: str) -> Path:
-    """`$SLUICE_HOME/checkpoints/<job>/<source>--<target>-<hash>`: the names made path-safe
-    (readable, not unique: `/d/out a` and `/d/out.a` read alike, a long name keeps its tail)
-    and 16 hex digits of a hash of the exact names, so two jobs never share one.
+def default_checkpoint(identity: JobIdentity, source: str, target: str) -> Path:
+    """`$SLUICE_HOME/checkpoints/<job>/<source>--<target>-<hash>`: `source` and `target` are
+    the job's readable names (its streams, its output, without their stores) made path-safe
+    (readable, not unique: `/d/out a` and `/d/out.a` read alike, a long name keeps its tail),
+    and the hash is 16 hex digits of a hash of the whole `identity`, stores included, so two
+    jobs never share one (the same streams mirrored into two stores, exported from two).
 
-    A checkpoint made before the hash (`<source>--<target>`) is still found: when the hashed
-    directory does not exist and the legacy one's `job.json` names this source and target,
-    that one is the default (`_legacy_checkpoint`)."""
-    folder = sluice_home() / "checkpoints" / job
-    slug = f"{_safe(source_stream, 100)}--{_safe(target, 100)}"
-    hashed = folder / f"{slug}-{_identity_hash(job, source_stream, target)}"
+    A default checkpoint named the former ways is still found, so that a run goes on where it
+    stopped rather than start over (`_former_checkpoint`). Each job names its own in one
+    place (`mirror_checkpoint`, `export_checkpoint`, …): the assets use those too."""
+    folder = sluice_home() / "checkpoints" / identity.job
+    slug = f"{_safe(source, 100)}--{_safe(target, 100)}"
+    hashed = folder / f"{slug}-{_hash(asdict(identity))}"
     if hashed.exists():
         return hashed
-    legacy = folder / f"{_safe(source_stream)}--{_safe(target)}"
-    return legacy if _legacy_checkpoint(legacy, source_stream, target) else hashed
+    return _former_checkpoint(identity, folder / slug, source, target) or hashed
 
 
-def _identity_hash(job: str, source_stream: str, target: str) -> str:
-    text = json.dumps([job, source_stream, target])
+def _former_checkpoint(identity: JobIdentity, slug: Path, source: str, target: str) -> Path | None:
+    """The default checkpoint `identity` had before its stores were in the hash, if any:
+
+    - `<slug>-<hash of the job and the names alone>`, unless its `job.json` records another
+      identity (the same names in other stores shared it: it is the other job's). One whose
+      `job.json` is missing or unreadable is taken, so that the run reports what is wrong
+      with it rather than start over beside it (a mirror would copy everything again);
+    - before that, `<source>--<target>` with no hash, only when its `job.json` records exactly
+      `identity`: that name squashed other names onto it, so the name alone does not say."""
+    names_hashed = slug.with_name(f"{slug.name}-{_hash([identity.job, source, target])}")
+    if names_hashed.exists() and _recorded_identity(names_hashed) in (identity, None):
+        return names_hashed
+    legacy = slug.with_name(f"{_safe(source)}--{_safe(target)}")
+    if _recorded_identity(legacy) == identity:
+        return legacy
+    return None
+
+
+def _hash(value: object) -> str:
+    text = json.dumps(value, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _legacy_checkpoint(root: Path, source_stream: str, target: str) -> bool:
-    """Whether `root`, a default checkpoint named before the hash, is this job's: its
-    `job.json` reads `<store>#<source>` and `<target>` (or `<store>#<target>`: a mirror's).
-    The legacy name squashed other names onto it, so the name alone does not say."""
+def _recorded_identity(root: Path) -> JobIdentity | None:
+    """The identity `root/job.json` records; None when it is missing or cannot be read."""
     try:
-        recorded = json.loads((root / "job.json").read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(recorded, dict):
-        return False
-    source, wanted = str(recorded.get("source", "")), str(recorded.get("target", ""))
-    same_source = source.endswith(f"#{source_stream}")
-    return same_source and (wanted == target or wanted.endswith(f"#{target}"))
+        return JobIdentity(**json.loads((root / "job.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _safe(text: str, keep: int = 120) -> str:

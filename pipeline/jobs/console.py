@@ -127,6 +127,16 @@ def _undo(spark_dir: Path, first: int) -> None:
     durable.fsync_dir(commits)
 
 
+def console_identity(spec: ConsoleSpec) -> JobIdentity:
+    """What the console job's checkpoint records (`job.json`): the stream, with its store."""
+    return JobIdentity("console", f"{spec.store}#{spec.stream}", "console")
+
+
+def console_checkpoint(spec: ConsoleSpec) -> Path:
+    """The checkpoint `sluice run console` uses without `--checkpoint`."""
+    return default_checkpoint(console_identity(spec), spec.stream, "console")
+
+
 def console(
     spark: SparkSession,
     spec: ConsoleSpec,
@@ -135,8 +145,8 @@ def console(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Print the stream's events until caught up, or follow it (`continuous`)."""
-    identity = JobIdentity("console", f"{spec.store}#{spec.stream}", "console")
-    root = run.checkpoint or default_checkpoint("console", spec.stream, "console")
+    identity = console_identity(spec)
+    root = run.checkpoint or console_checkpoint(spec)
 
     with Checkpoint(root, identity) as checkpoint:
         checkpoint.note_start(run.starting)

@@ -321,6 +321,17 @@ def registered_exports(home: Path | None = None) -> list[ExportRecord]:
     return [ExportRecord.read(path) for path in sorted(registry.glob("*.json"))]
 
 
+def export_identity(spec: ExportSpec) -> JobIdentity:
+    """What the export's checkpoint records (`job.json`): the stream, with its store, and the
+    output directory (absolute)."""
+    return JobIdentity("export", f"{spec.store}#{spec.stream}", str(spec.output.absolute()))
+
+
+def export_checkpoint(spec: ExportSpec) -> Path:
+    """The checkpoint `sluice run export` uses without `--checkpoint` (and the assets)."""
+    return default_checkpoint(export_identity(spec), spec.stream, str(spec.output.absolute()))
+
+
 def export_parameters(spec: ExportSpec, plan: FlattenPlan) -> JobParameters:
     """What an export's files were made with beyond its stream and output: the formats and
     the event-time column that partitions the rows (the one `--time-field` names, else the
@@ -356,8 +367,8 @@ def export(
     output = spec.output.absolute()
     check_writable(output)
     check_schema_fits(plan, output)
-    identity = JobIdentity("export", f"{spec.store}#{spec.stream}", str(output))
-    root = run.checkpoint or default_checkpoint("export", spec.stream, str(output))
+    identity = export_identity(spec)
+    root = run.checkpoint or export_checkpoint(spec)
 
     def options(checkpoint: Checkpoint) -> dict[str, str]:
         opts = {

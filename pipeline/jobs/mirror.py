@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.config import same_store
@@ -80,6 +81,16 @@ class MirrorIntoItself(SluiceError, ValueError):
         super().__init__(msg)
 
 
+def mirror_identity(spec: MirrorSpec) -> JobIdentity:
+    """What the mirror's checkpoint records (`job.json`): both streams, with their stores."""
+    return JobIdentity("mirror", f"{spec.store}#{spec.stream}", f"{spec.to_store}#{spec.to}")
+
+
+def mirror_checkpoint(spec: MirrorSpec) -> Path:
+    """The checkpoint `sluice run mirror` uses without `--checkpoint` (and the assets)."""
+    return default_checkpoint(mirror_identity(spec), spec.stream, spec.to)
+
+
 def mirror_parameters(spec: MirrorSpec) -> JobParameters:
     """What the target's events were copied with: their routing key (`commit_mode` is how
     they are written, not what: it may change between runs)."""
@@ -112,8 +123,8 @@ def mirror(
     report: Callable[[BatchReport], None] = lambda _: None,
 ) -> JobSummary:
     """Run the mirror until caught up (`available-now`) or until stopped (`continuous`)."""
-    identity = JobIdentity("mirror", f"{spec.store}#{spec.stream}", f"{spec.to_store}#{spec.to}")
-    root = run.checkpoint or default_checkpoint("mirror", spec.stream, spec.to)
+    identity = mirror_identity(spec)
+    root = run.checkpoint or mirror_checkpoint(spec)
     ensure_target(spec)
 
     def options(checkpoint: Checkpoint) -> dict[str, str]:

@@ -360,6 +360,22 @@ def _foreach(
     return run_batch
 
 
+def join_sources(spec: StreamJoinSpec) -> str:
+    """The two series as the join's checkpoint names them."""
+    return f"{spec.left.checkpoint_text} x {spec.right.checkpoint_text}"
+
+
+def join_identity(spec: StreamJoinSpec) -> JobIdentity:
+    """What the join's checkpoint records (`job.json`): both series, with their store, and
+    the output as given."""
+    return JobIdentity("join", f"{spec.store}#{join_sources(spec)}", str(spec.output))
+
+
+def join_checkpoint(spec: StreamJoinSpec) -> Path:
+    """The checkpoint `sluice run join` uses without `--checkpoint`."""
+    return default_checkpoint(join_identity(spec), join_sources(spec), str(spec.output))
+
+
 def join_streams(
     spark: SparkSession,
     spec: StreamJoinSpec,
@@ -372,9 +388,9 @@ def join_streams(
     plan = check_spec(spec)
     if failpoints is None:
         failpoints = Failpoints.from_environment(FAILPOINTS_ENV, known=FAILPOINTS, group=True)
-    sources = f"{spec.left.checkpoint_text} x {spec.right.checkpoint_text}"
-    identity = JobIdentity("join", f"{spec.store}#{sources}", str(spec.output))
-    root = run.checkpoint or default_checkpoint("join", sources, str(spec.output))
+    sources = join_sources(spec)
+    identity = join_identity(spec)
+    root = run.checkpoint or join_checkpoint(spec)
 
     def sink(events: DataFrame, checkpoint: Checkpoint) -> DataStreamWriter:
         process = _foreach(spec, plan, checkpoint.root / "join", failpoints)

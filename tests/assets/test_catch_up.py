@@ -10,7 +10,8 @@ import pytest
 
 from assets.catch_up import FamilyJobs
 from assets.definitions import build_definitions, build_resources
-from pipeline.jobs.checkpoint import Checkpoint, JobIdentity
+from pipeline.jobs.checkpoint import Checkpoint
+from pipeline.jobs.mirror import mirror_identity
 from tests.assets.conftest import head_text, materialized, samples, tail_text, write_events
 
 pytestmark = pytest.mark.spark
@@ -80,12 +81,8 @@ def test_a_run_that_finds_the_service_running_says_so_and_skips(settings, instan
     net = settings.family("network")
     write_events(net.store_uri, net.stream, samples(2))
     jobs = FamilyJobs.of(net, dict(settings.stores), settings.export_formats)
-    identity = JobIdentity(
-        "mirror",
-        f"{jobs.mirror.store}#{jobs.mirror.stream}",
-        f"{jobs.mirror.to_store}#{jobs.mirror.to}",
-    )
-    with Checkpoint(jobs.checkpoint("mirror"), identity):  # what `sluice run mirror` holds
+    # what `sluice run mirror` holds
+    with Checkpoint(jobs.checkpoint("mirror"), mirror_identity(jobs.mirror)):
         result = catch_up(settings, instance)
     assert result.success
     assert "network/cloud_mirror" not in materialized(result)

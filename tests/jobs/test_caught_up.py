@@ -23,10 +23,9 @@ from pipeline.jobs.checkpoint import (
     Checkpoint,
     InDoubt,
     JobIdentity,
-    default_checkpoint,
     settled_position,
 )
-from pipeline.jobs.export import ExportSpec, export
+from pipeline.jobs.export import ExportSpec, export, export_checkpoint
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import JobSource, RunOptions, caught_up
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger
@@ -217,7 +216,7 @@ def test_an_unfinished_batch_is_recovered_by_spark_not_skipped(
     export(sessions, spec, RunOptions())
     write_nic(nics, range(20, 25))
     export(sessions, spec, RunOptions())
-    root = default_checkpoint("export", spec.stream, str(spec.output.absolute()))
+    root = export_checkpoint(spec)
     for name in ("1", ".1.crc"):  # Spark writes the file and its checksum
         (root / "spark" / "commits" / name).unlink()
     if crash == "while publishing":

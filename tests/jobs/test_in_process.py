@@ -17,9 +17,9 @@ import pytest
 
 from pipeline.jobs import export as export_job
 from pipeline.jobs.bookmark import BookmarkSpec, Condition, bookmark, process_batch
-from pipeline.jobs.checkpoint import default_checkpoint, settled_position
+from pipeline.jobs.checkpoint import settled_position
 from pipeline.jobs.console import ConsoleSpec, console
-from pipeline.jobs.export import ExportSpec, export
+from pipeline.jobs.export import ExportSpec, export, export_checkpoint
 from pipeline.jobs.in_process import IN_PROCESS_ENV, default_in_process_bytes, range_rows
 from pipeline.jobs.mirror import MirrorSpec, mirror
 from pipeline.jobs.runner import RunOptions
@@ -62,7 +62,7 @@ def test_a_small_export_backlog_runs_without_spark_and_spark_goes_on_from_it(
     assert (small.start_cut, small.end_cut) == (first.end_cut, nics.tail("edge/network").text)
     assert exported(spec.output) == (250, 250)
 
-    root = default_checkpoint("export", spec.stream, str(spec.output.absolute()))
+    root = export_checkpoint(spec)
     spark_dir = root / "spark"
     planned = (spark_dir / "offsets" / "0").read_text().splitlines()
     ours = (spark_dir / "offsets" / "1").read_text().splitlines()
@@ -96,7 +96,7 @@ def test_a_batch_left_planned_is_finished_in_process_over_its_own_cuts(
     export(sessions, spec, SPARK)
     write_nic(nics, range(20, 25))
     planned = export(sessions, spec, SMALL)
-    root = default_checkpoint("export", spec.stream, str(spec.output.absolute()))
+    root = export_checkpoint(spec)
     (root / "spark" / "commits" / "1").unlink()
     if crash == "while publishing":
         with sqlite3.connect(root / "ledger.sqlite") as db:

@@ -8,15 +8,14 @@ starts again: every sample is in the stream once, in order, and nothing is left 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from collectors.buffer import Buffer
 from pipeline.streams import open_store
-from tests.collectors.conftest import REPO, read_payloads, run_cli, toml_text
+from tests.collectors.conftest import read_payloads, run_cli, toml_text
+from tests.reliability.test_collector_doubtful import run_worker
 
 STREAM = "lab/repaired"
 SAMPLES = 4_000
@@ -40,21 +39,6 @@ def write_config(tmp_path: Path) -> Path:
     path = tmp_path / "collector.toml"
     path.write_text(toml_text(collector, {"gen": instance}))
     return path
-
-
-def run_worker(config: Path, failpoint: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SLUICE_COLLECTOR_FAILPOINTS", None)
-    if failpoint:
-        env["SLUICE_COLLECTOR_FAILPOINTS"] = failpoint
-    return subprocess.run(
-        [sys.executable, str(WORKER), str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def lose_catalog(store_dir: Path) -> None:

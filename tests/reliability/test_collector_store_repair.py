@@ -19,7 +19,6 @@ from tests.reliability.test_collector_doubtful import run_worker
 
 STREAM = "lab/repaired"
 SAMPLES = 4_000
-WORKER = Path(__file__).with_name("collector_worker.py")
 
 
 def write_config(tmp_path: Path) -> Path:

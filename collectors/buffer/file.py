@@ -8,6 +8,7 @@ tables and their meaning are in FORMAT.md next to this file.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
@@ -45,7 +46,7 @@ def connect(path: Path, file_mode: int = 0o600) -> sqlite3.Connection:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not os.path.lexists(path):
             _create(path, file_mode)
-        os.close(os.open(path, os.O_RDWR))
+        _check_openable(path)
         conn = sqlite3.connect(
             path, isolation_level=None, timeout=LOCKED_WAIT_SECONDS, check_same_thread=False
         )
@@ -62,6 +63,26 @@ def connect(path: Path, file_mode: int = 0o600) -> sqlite3.Connection:
     except BaseException:
         conn.close()
         raise
+
+
+def _check_openable(path: Path) -> None:
+    """Raise `OSError` when `path` cannot be opened for reading and writing, asking the file
+    system without opening it. Closing any descriptor of the buffer file drops every POSIX
+    lock this process holds on it, those of its open SQLite connections too (SQLite's "How
+    To Corrupt", 2.2): the sender's connection, opened beside the driver's, then left the
+    file unlocked, and the next process to close a connection to it (`collect status`) took
+    itself for the last one and deleted the write-ahead log the collector was still writing
+    to, which left the buffer "malformed"."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not path.exists():  # a dangling link
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    effective = os.access in os.supports_effective_ids
+    if os.access(path, os.R_OK | os.W_OK, effective_ids=effective):
+        return
+    read_only = os.statvfs(path).f_flag & os.ST_RDONLY
+    code = errno.EROFS if read_only else errno.EACCES
+    raise OSError(code, os.strerror(code), str(path))
 
 
 def wal_path(path: Path) -> Path:
@@ -131,6 +152,7 @@ def damaged(path: Path, exc: BaseException) -> BufferDamaged | None:
 
 
 def _looks_like_sqlite(path: Path) -> bool:
+    # opens the file: only on the way to refusing it (see `_check_openable`)
     try:
         with path.open("rb") as fh:
             return fh.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC

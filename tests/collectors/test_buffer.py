@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -185,3 +187,24 @@ def test_two_connections_opening_a_new_buffer_at_once_both_succeed(tmp_path):
         for thread in threads:
             thread.join()
         assert errors == []
+
+
+def test_another_process_closing_the_buffer_leaves_the_collectors_log_in_place(path):
+    # the driver's and the sender's connections, as a running collector holds them; opening
+    # the second once dropped the process's locks, so `collect status` closing its own
+    # connection deleted the write-ahead log both were still writing to ("malformed" later)
+    driver = Buffer(path, capacity_events=1000)
+    sender = Buffer(path, capacity_events=1000, turns=driver.turns, room=driver.room)
+    driver.append([ev(i) for i in range(10)])
+    status = "import sys, pathlib, collectors.buffer as b; b.connect(pathlib.Path(sys.argv[1]))"
+    subprocess.run([sys.executable, "-c", status, str(path)], check=True)
+    assert path.with_name(path.name + "-wal").exists()
+    driver.append([ev(i) for i in range(10, 20)])
+    assert [e.payload for e in sender.next_batch(100, 100_000)] == [
+        f"event-{i}".encode() for i in range(20)
+    ]
+    driver.close()
+    sender.close()
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert check.execute("SELECT count(*) FROM events").fetchone() == (20,)

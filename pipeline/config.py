@@ -155,19 +155,20 @@ def default_store_uri() -> str:
     return f"embedded:{sluice_home() / 'streams'}"
 
 
+def canonical_store(uri: str) -> str:
+    """One spelling per store: an embedded store's directory as the path it resolves to
+    (`embedded:` alone is the default store; a link, `..` or a trailing `/` name the same one),
+    any other store as written. What a job's checkpoint is named by and compared with."""
+    scheme, _, rest = uri.partition(":")
+    if scheme != "embedded":
+        return uri
+    directory = rest or default_store_uri().partition(":")[2]
+    return f"embedded:{Path(directory).expanduser().resolve()}"
+
+
 def same_store(a: str, b: str) -> bool:
-    """Whether two store URIs name one store: embedded directories compared as the paths they
-    resolve to (`embedded:` alone is the default one; a link, `..` or a trailing `/` name the
-    same), any other store as written."""
-
-    def place(uri: str) -> str:
-        scheme, _, rest = uri.partition(":")
-        if scheme != "embedded":
-            return uri
-        directory = rest or default_store_uri().partition(":")[2]
-        return f"embedded:{Path(directory).expanduser().resolve()}"
-
-    return place(a) == place(b)
+    """Whether two store URIs name one store (`canonical_store`)."""
+    return canonical_store(a) == canonical_store(b)
 
 
 def is_store_uri(text: str) -> bool:

@@ -27,12 +27,12 @@ import os
 import re
 import sqlite3
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO
 
 from pipeline import durable
-from pipeline.config import sluice_home
+from pipeline.config import canonical_store, is_store_uri, sluice_home
 from pipeline.errors import SluiceError
 from pipeline.outputs import check_writable
 from pipeline.spark.ledger import BatchLedger
@@ -136,40 +136,66 @@ class JobIdentity:
     def describe(self) -> str:
         return f"{self.job} {self.source} -> {self.target}"
 
+    def canonical(self) -> JobIdentity:
+        """This identity with its stores and paths spelled one way (`canonical_store`; paths
+        resolved): `embedded:` and the default store's directory, a link or `..` name one
+        store, so one job, and one checkpoint (two would copy or export everything twice)."""
+        return replace(self, source=_canonical(self.source), target=_canonical(self.target))
+
+
+def _canonical(end: str) -> str:
+    """One end of an identity: `STORE#WHAT` with its store canonical, an absolute path
+    resolved, anything else as it is. (A `#` in an embedded store's directory splits it
+    early, alike for every identity compared.)"""
+    store, sep, what = end.partition("#")
+    if sep and is_store_uri(store):
+        return f"{canonical_store(store)}#{what}"
+    return str(Path(end).resolve()) if end.startswith("/") else end
+
 
 def default_checkpoint(identity: JobIdentity, source: str, target: str) -> Path:
     """`$SLUICE_HOME/checkpoints/<job>/<source>--<target>-<hash>`: `source` and `target` are
     the job's readable names (its streams, its output, without their stores) made path-safe
     (readable, not unique: `/d/out a` and `/d/out.a` read alike, a long name keeps its tail),
-    and the hash is 16 hex digits of a hash of the whole `identity`, stores included, so two
-    jobs never share one (the same streams mirrored into two stores, exported from two).
+    and the hash is 16 hex digits of a hash of the whole `identity` (`canonical`), stores
+    included, so two jobs never share one (the same streams mirrored into two stores,
+    exported from two), and one job spelled two ways has one.
 
     A default checkpoint named the former ways is still found, so that a run goes on where it
-    stopped rather than start over (`_former_checkpoint`). Each job names its own in one
+    stopped rather than start over (`_named_otherwise`). Each job names its own in one
     place (`mirror_checkpoint`, `export_checkpoint`, …): the assets use those too."""
     folder = sluice_home() / "checkpoints" / identity.job
     slug = f"{_safe(source, 100)}--{_safe(target, 100)}"
-    hashed = folder / f"{slug}-{_hash(asdict(identity))}"
+    wanted = identity.canonical()
+    hashed = folder / f"{slug}-{_hash(asdict(wanted))}"
     if hashed.exists():
         return hashed
-    return _former_checkpoint(identity, folder / slug, source, target) or hashed
+    names_hashed = folder / f"{slug}-{_hash([identity.job, source, target])}"
+    if names_hashed.exists() and _recorded_identity(names_hashed) is None:
+        return names_hashed  # see `_named_otherwise`
+    return _named_otherwise(folder, wanted) or hashed
 
 
-def _former_checkpoint(identity: JobIdentity, slug: Path, source: str, target: str) -> Path | None:
-    """The default checkpoint `identity` had before its stores were in the hash, if any:
+def _named_otherwise(folder: Path, wanted: JobIdentity) -> Path | None:
+    """The default checkpoint of the job `wanted` made under another name, if any: the first,
+    by name, whose `job.json` records that job. Its stores or output spelled another way
+    (`..`, a link, `embedded:` for the default store), or a former version's name:
 
-    - `<slug>-<hash of the job and the names alone>`, unless its `job.json` records another
-      identity (the same names in other stores shared it: it is the other job's). One whose
-      `job.json` is missing or unreadable is taken, so that the run reports what is wrong
-      with it rather than start over beside it (a mirror would copy everything again);
-    - before that, `<source>--<target>` with no hash, only when its `job.json` records exactly
-      `identity`: that name squashed other names onto it, so the name alone does not say."""
-    names_hashed = slug.with_name(f"{slug.name}-{_hash([identity.job, source, target])}")
-    if names_hashed.exists() and _recorded_identity(names_hashed) in (identity, None):
-        return names_hashed
-    legacy = slug.with_name(f"{_safe(source)}--{_safe(target)}")
-    if _recorded_identity(legacy) == identity:
-        return legacy
+    - `<source>--<target>` with no hash (shared by names that read alike, so only its
+      `job.json` says whose it is);
+    - `<slug>-<hash of the job and the names alone>` (shared by the same names in other
+      stores). One of those whose `job.json` is missing or unreadable is taken too
+      (`default_checkpoint`): its run reports what is wrong with it, where a new checkpoint
+      beside it would start over (a mirror would copy everything again);
+    - `<slug>-<hash of the identity as written>`."""
+    try:
+        roots = sorted(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for root in roots:
+        recorded = _recorded_identity(root)
+        if recorded is not None and recorded.canonical() == wanted:
+            return root
     return None
 
 
@@ -309,7 +335,7 @@ class Checkpoint:
         path = self.root / "job.json"
         if path.exists():
             recorded = JobIdentity(**json.loads(path.read_text()))
-            if recorded != self.identity:
+            if recorded.canonical() != self.identity.canonical():
                 raise CheckpointMismatch(self.root, recorded.describe(), self.identity.describe())
             return
         durable.write_json(path, asdict(self.identity))

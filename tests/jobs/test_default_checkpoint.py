@@ -215,3 +215,46 @@ def test_a_mirror_goes_on_from_its_checkpoint_named_the_former_way(
     assert other["checkpoint"] != str(old)
     assert (other["events"], mirrored(to_y)) == (8, 8)
     assert run_mirror(capsys, store_dir, to_x)["checkpoint"] == str(old)
+
+
+def test_one_store_or_output_spelled_two_ways_has_one_default_checkpoint(tmp_path, monkeypatch):
+    # a second spelling once got a new checkpoint: the mirror copied everything again
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "edge").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "edge")
+    edge = f"embedded:{tmp_path / 'edge'}"
+    spellings = [edge, f"embedded:{tmp_path / 'sub' / '..' / 'edge'}", f"embedded:{tmp_path}/link"]
+    first = MirrorSpec("edge/n", "cloud/n", edge, "embedded:/x")
+    with Checkpoint(mirror_checkpoint(first), mirror_identity(first)):
+        pass
+    for store in spellings:
+        spec = MirrorSpec("edge/n", "cloud/n", store, "embedded:/x")
+        assert mirror_checkpoint(spec) == mirror_checkpoint(first), store
+        with Checkpoint(mirror_checkpoint(first), mirror_identity(spec)):
+            pass  # not another job's
+    # `embedded:` alone is the default store
+    monkeypatch.setenv("SLUICE_STORE", edge)
+    alone = MirrorSpec("edge/n", "cloud/n", "embedded:", "embedded:/x")
+    assert mirror_checkpoint(alone) == mirror_checkpoint(first)
+    # an output spelled with `..`: its name reads otherwise, its checkpoint is the same
+    out = export_spec(str(tmp_path / "out"))
+    with Checkpoint(export_checkpoint(out), export_identity(out)):
+        pass
+    assert export_checkpoint(export_spec(str(tmp_path / "sub" / ".." / "out"))) == (
+        export_checkpoint(out)
+    )
+    # another store is still another job
+    other = MirrorSpec("edge/n", "cloud/n", f"embedded:{tmp_path / 'sub'}", "embedded:/x")
+    assert mirror_checkpoint(other) != mirror_checkpoint(first)
+
+
+def test_a_mirror_run_with_its_store_spelled_another_way_copies_nothing_twice(
+    store, store_dir, tmp_path, capsys
+):
+    nic_events(store)
+    (tmp_path / "sub").mkdir()
+    cloud = f"embedded:{tmp_path / 'cloud'}"
+    first = run_mirror(capsys, store_dir, cloud)
+    again = run_mirror(capsys, tmp_path / "sub" / ".." / store_dir.name, cloud)
+    assert again["checkpoint"] == first["checkpoint"]
+    assert (first["events"], again["events"], mirrored(cloud)) == (6, 0, 6)

@@ -25,6 +25,7 @@ from pipeline.streams.errors import (
     CatalogDamaged,
     StoreFormatTooNew,
     StoreFull,
+    StoreUnavailable,
     StreamStoreError,
 )
 
@@ -35,6 +36,8 @@ FORMAT_VERSION = 3
 #: opened is one whose rebuild was stopped (not every segment indexed), refused until repaired.
 REBUILDING = "rebuilding"
 _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
+#: Why a closed store handle refuses every later use (`StoreUnavailable`).
+CLOSED = "this handle was closed (close() was called); open the store again"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -122,7 +125,9 @@ def _into_wal(conn: sqlite3.Connection) -> None:
 
 
 class Catalog:
-    """Thread-safe access to the catalog; `write()` is one IMMEDIATE transaction."""
+    """Thread-safe access to the catalog; `write()` is one IMMEDIATE transaction. The refusal
+    is checked under the lock, so a `close()` by another thread never leaves a query facing a
+    closed connection: it gets `StoreUnavailable`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -175,10 +180,9 @@ class Catalog:
     def write(
         self, conn: sqlite3.Connection | None = None, *, unchecked: bool = False
     ) -> Iterator[sqlite3.Cursor]:
-        if self.refusal is not None and (not unchecked or self.meta is None):
-            raise self.refusal
-        conn = conn or self.meta
         with self._lock:
+            self._check(unchecked)
+            conn = conn or self.meta
             try:
                 cur = conn.cursor()
                 cur.execute("BEGIN IMMEDIATE")
@@ -195,9 +199,8 @@ class Catalog:
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Cursor]:
         """A cursor on the metadata for several queries in a row (no transaction)."""
-        if self.refusal is not None:
-            raise self.refusal
         with self._lock:
+            self._check(unchecked=False)
             try:
                 yield self.meta.cursor()
             except sqlite3.Error as exc:
@@ -208,9 +211,8 @@ class Catalog:
     ) -> list[tuple]:
         """Read the metadata, or with `index` the block index and writer positions (the
         NORMAL-sync connection)."""
-        if self.refusal is not None and (not unchecked or self.meta is None):
-            raise self.refusal
         with self._lock:
+            self._check(unchecked)
             try:
                 return (self.index if index else self.meta).execute(sql, params).fetchall()
             except sqlite3.Error as exc:
@@ -222,11 +224,22 @@ class Catalog:
         rows = self.query(sql, params, index=index, unchecked=unchecked)
         return rows[0] if rows else None
 
+    def _check(self, unchecked: bool) -> None:
+        """Raise the refusal (the caller holds the lock); `unchecked` reads go on while the
+        database is open."""
+        if self.refusal is not None and (not unchecked or self.meta is None):
+            raise self.refusal
+
     def close(self) -> None:
+        """Close both connections once no query is in flight; later ones raise
+        `StoreUnavailable` (or the refusal there was)."""
         with self._lock:
             for conn in (self.meta, self.index):
                 if conn is not None:
                     conn.close()
+            self.meta = self.index = None
+            if self.refusal is None:
+                self.refusal = StoreUnavailable(f"embedded:{self.path.parent}", CLOSED)
 
 
 def is_newer(version: object) -> bool:

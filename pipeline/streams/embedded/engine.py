@@ -10,7 +10,6 @@ through it; it imports none of them. What is on disk and why it survives a crash
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -34,7 +33,7 @@ from pipeline.streams.embedded.blocks import (
     frame_head,
     parse_header,
 )
-from pipeline.streams.embedded.catalog import REBUILDING, Catalog, now_ns
+from pipeline.streams.embedded.catalog import CLOSED, REBUILDING, Catalog, now_ns
 from pipeline.streams.embedded.identity import check_identity
 from pipeline.streams.embedded.manifest import (
     MANIFEST_FILE,
@@ -57,6 +56,7 @@ from pipeline.streams.errors import (
     Corrupted,
     InvalidCut,
     SegmentDamaged,
+    StoreUnavailable,
     StreamNotFound,
     StreamSealed,
     StreamStoreError,
@@ -117,6 +117,7 @@ class Engine:
         root.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
         self._files: dict[tuple[int, int], SegmentFile] = {}
         self._opened: set[int] = set()
+        self._removed: set[int] = set()  # streams whose files `remove_files` deleted
         self.read_buffers = Buffers()  # shared by every read of this store (reading.py)
         self.parsed_frames = ParsedFrames()  # of large blocks, as `read_buffers`
         self.open_catalog()
@@ -144,8 +145,11 @@ class Engine:
                 self.catalog.refuse(exc)
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
+        """Close the catalog and the segment files; a read or write in flight on another
+        thread finishes first, later ones raise `StoreUnavailable` (see segment.py)."""
+        closed = StoreUnavailable(f"embedded:{self.root}", CLOSED)
+        for f in list(self._files.values()):
+            f.close(closed)
         self._files.clear()
         self.catalog.close()
 
@@ -183,9 +187,13 @@ class Engine:
 
     def remove_files(self, row: StreamRow) -> None:
         """Close and delete the segment files of a stream the catalog has deleted; its manifest
-        stays behind as a tombstone, so its id is never used again."""
-        for key in [k for k in self._files if k[0] == row.id]:
-            self._files.pop(key).close()
+        stays behind as a tombstone, so its id is never used again. A read or write of them in
+        flight on another thread finishes on the deleted file; any later use in this process
+        raises `StreamNotFound`, never opening (or creating) the file again."""
+        self._removed.add(row.id)
+        for key, segfile in list(self._files.items()):
+            if key[0] == row.id:
+                segfile.close(StreamNotFound(row.scope, row.name))
         for path in stream_dir(self.root, row.id).glob("*.seg"):
             path.unlink(missing_ok=True)
 
@@ -299,11 +307,16 @@ class Engine:
         return StreamCut.of(row.scope, row.name, tails, row.id)
 
     def segment_file(self, row: StreamRow, segment: int) -> SegmentFile:
+        """The segment's file, shared by every thread (one object, so one thread lock);
+        `StreamNotFound` once this process deleted the stream."""
         key = (row.id, segment)
-        if key not in self._files:
+        found = self._files.get(key)
+        if found is None:
             path = stream_dir(self.root, row.id) / f"{segment}.seg"
-            self._files[key] = SegmentFile(path, self.modes)
-        return self._files[key]
+            found = self._files.setdefault(key, SegmentFile(path, self.modes))
+        if row.id in self._removed:  # (after the insert: `remove_files` adds it before closing)
+            raise StreamNotFound(row.scope, row.name)
+        return found
 
     # --- damage -------------------------------------------------------------------------
     def damage(self, row: StreamRow, segment: int) -> tuple[int, str] | None:
@@ -331,8 +344,11 @@ class Engine:
             raise SegmentDamaged(row.qualified, segment, found[0], found[1])
 
     def corrupted(self, row: StreamRow, segment: int, bad: BadBlock) -> StreamStoreError:
-        """The error for a block that failed its check: `Truncated` if a truncation raced the
-        read past it, else `Corrupted`, the segment marked damaged."""
+        """The error for a block that failed its check: `StreamNotFound` if the stream was
+        deleted under the read, `Truncated` if a truncation raced the read past it, else
+        `Corrupted`, the segment marked damaged."""
+        if self.catalog.query_one("SELECT deleted FROM streams WHERE id=?", (row.id,)) != (0,):
+            return StreamNotFound(row.scope, row.name)
         head = self.segment_head(row, segment)
         if bad.offset < head:
             return Truncated(row.qualified, segment, bad.offset, head)
@@ -380,7 +396,7 @@ class Engine:
         a block was landed whole by a one-segment commit (see `commit_landed`)."""
         uncommitted = self._uncommitted_txns(headers) if landed else []
         if uncommitted:  # the block may still be in the page cache only: make it durable first
-            os.fdatasync(self.segment_file(row, segment).fd)
+            self.segment_file(row, segment).sync()
         with self.catalog.write(self.catalog.index) as db:
             self.insert_index(db, row, segment, headers)
             if uncommitted:

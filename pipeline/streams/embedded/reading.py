@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import mmap
 import operator
-import os
 import sys
 import threading
 from collections import OrderedDict
@@ -262,7 +261,7 @@ def check_run(reader: BlockReader, rows: list[BlockRow]) -> CheckedRun:
         return CheckedRun(payload, [(row, 0, frames)], None)
     size = rows[-1].end - rows[0].offset
     view = memoryview(reader.buffers.get(size))[:size]
-    view = view[: os.preadv(reader.segfile.fd, [view], rows[0].offset)].toreadonly()
+    view = view[: reader.segfile.read_into(view, rows[0].offset)].toreadonly()
     pos, blocks = 0, []
     for row in rows:
         try:

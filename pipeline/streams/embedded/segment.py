@@ -7,6 +7,12 @@ before they index it. Whoever holds the lock and finds bytes past the last valid
 no one is writing them: they are the torn tail of a crash, cut unless a valid block follows
 them (then they are damage, left for `repair`). A full disk raises `StoreFull` after the
 half-written block is cut away again.
+
+Threads of one process share a segment file's descriptor. Every use holds it open (`opened`):
+a `close` meanwhile (its stream deleted, the store closed) closes it after the last use, so a
+read or write in flight never meets a descriptor number that a later `open` in the process got.
+A file closed with a refusal (`StreamNotFound` for a deleted stream) raises it from every later
+use, and is never opened again (nor created again).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pipeline.streams.embedded.blocks import (
     parse_header,
 )
 from pipeline.streams.embedded.space import out_of_space
+from pipeline.streams.errors import StreamStoreError
 
 SCAN_CHUNK = 1 << 20
 #: The most buffers one `pwritev` takes (a crash between two leaves a torn block, never a
@@ -64,34 +71,79 @@ class SegmentFile:
         self.path = path
         self.modes = modes or FileModes.from_environment()
         self._fd: int | None = None
-        self._thread_lock = threading.Lock()
+        self._users = 0  # uses in flight (`opened`); the descriptor is closed only at 0
+        self._closing = False
+        self._refusal: StreamStoreError | None = None
+        self._state = threading.Lock()  # of the four above, held briefly
+        self._thread_lock = threading.Lock()  # held by an appender, for as long as it appends
+
+    @contextmanager
+    def opened(self) -> Iterator[int]:
+        """The open descriptor, kept open until the block ends (opened if it is not)."""
+        fd = self._hold()
+        try:
+            yield fd
+        finally:
+            self._let_go()
+
+    def _hold(self) -> int:
+        """The open descriptor, one more use in flight (`_let_go` ends it): a `with` costs
+        more than a small read, so the reads use these two directly."""
+        with self._state:
+            if self._refusal is not None:
+                raise self._refusal
+            if self._fd is None:
+                self._fd = self._open()
+            self._users += 1
+            return self._fd
+
+    def _let_go(self) -> None:
+        with self._state:
+            self._users -= 1
+            if self._closing and self._users == 0:
+                self._close_now()
 
     @property
     def fd(self) -> int:
-        if self._fd is None:
-            existed = self.path.exists()
-            with out_of_space(self.path):
-                self.path.parent.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, self.modes.file)
-                if not existed:  # make the new file's and its new directory's entries durable
-                    for directory in (self.path.parent, *list(self.path.parents)[1:3]):
-                        fsync_dir(directory)
-            self._fd = fd
-        return self._fd
+        """The descriptor, for a caller that holds it open (`opened`, `locked`)."""
+        with self.opened() as fd:
+            return fd
 
-    def close(self) -> None:
+    def _open(self) -> int:
+        existed = self.path.exists()
+        with out_of_space(self.path):
+            self.path.parent.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, self.modes.file)
+            if not existed:  # make the new file's and its new directory's entries durable
+                for directory in (self.path.parent, *list(self.path.parents)[1:3]):
+                    fsync_dir(directory)
+        return fd
+
+    def close(self, refusal: StreamStoreError | None = None) -> None:
+        """Close the descriptor once no use is in flight. With `refusal`, every later use
+        raises it instead of opening the file again (a deleted stream's, a closed store's)."""
+        with self._state:
+            if refusal is not None:
+                self._refusal = refusal
+            if self._users:
+                self._closing = True
+            else:
+                self._close_now()
+
+    def _close_now(self) -> None:
+        self._closing = False
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        with self._thread_lock, self.opened() as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     @contextmanager
     def try_locked(self) -> Iterator[bool]:
@@ -100,23 +152,41 @@ class SegmentFile:
             yield False
             return
         try:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            with self.opened() as fd:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield False
+                    return
+                try:
+                    yield True
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             self._thread_lock.release()
 
     def size(self) -> int:
-        return os.fstat(self.fd).st_size
+        with self.opened() as fd:
+            return os.fstat(fd).st_size
 
     def pread(self, length: int, offset: int) -> bytes:
-        return os.pread(self.fd, length, offset)
+        fd = self._hold()
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            self._let_go()
+
+    def read_into(self, buffer: memoryview, offset: int) -> int:
+        """Read into `buffer` from `offset`; the number of bytes read."""
+        fd = self._hold()
+        try:
+            return os.preadv(fd, [buffer], offset)
+        finally:
+            self._let_go()
+
+    def sync(self) -> None:
+        with self.opened() as fd:
+            os.fdatasync(fd)
 
     def scan(self, start: int) -> tuple[list[BlockHeader], int]:
         """Valid blocks from `start` on, and the end of the last one (the valid end).
@@ -200,26 +270,27 @@ class SegmentFile:
         truncated first. On a full disk what was written is cut away again (`StoreFull`).
         """
         end = at
-        with out_of_space(self.path, undo=lambda: os.ftruncate(self.fd, at)):
-            if self.size() != at:
-                os.ftruncate(self.fd, at)
+        with self.opened() as fd, out_of_space(self.path, undo=lambda: os.ftruncate(fd, at)):
+            if os.fstat(fd).st_size != at:
+                os.ftruncate(fd, at)
             for first in range(0, len(parts), IOV_MAX):  # a block of many small events
                 group = parts[first : first + IOV_MAX]
                 expected = sum(len(p) for p in group)
-                written = os.pwritev(self.fd, group, end)
+                written = os.pwritev(fd, group, end)
                 if written != expected:
                     msg = f"short write: {written} of {expected} bytes"
                     raise OSError(errno.ENOSPC, msg)
                 end += written
-            os.fdatasync(self.fd)
+            os.fdatasync(fd)
         return end
 
     def repair(self, valid_end: int) -> bool:
         """Truncate a torn tail past `valid_end`; the caller holds the lock. True if repaired."""
-        if self.size() <= valid_end:
-            return False
-        os.ftruncate(self.fd, valid_end)
-        os.fdatasync(self.fd)
+        with self.opened() as fd:
+            if os.fstat(fd).st_size <= valid_end:
+                return False
+            os.ftruncate(fd, valid_end)
+            os.fdatasync(fd)
         return True
 
     def punch_hole(self, end: int) -> None:
@@ -233,6 +304,8 @@ class SegmentFile:
             return
         libc = ctypes.CDLL(libc_name, use_errno=True)
         mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
-        libc.fallocate(
-            ctypes.c_int(self.fd), ctypes.c_int(mode), ctypes.c_long(0), ctypes.c_long(length)
-        )  # best effort: a file system without hole punching keeps the bytes, reads stay correct
+        # best effort: a file system without hole punching keeps the bytes, reads stay correct
+        with self.opened() as fd:
+            libc.fallocate(
+                ctypes.c_int(fd), ctypes.c_int(mode), ctypes.c_long(0), ctypes.c_long(length)
+            )

@@ -220,13 +220,20 @@ class EmbeddedTransaction(Transaction):
         return segment, body_len + len(data), events + len(frames), crc
 
     def _record(self, rows: list[BodyRow], drop: tuple[int, ...] = ()) -> None:
+        """Make the bodies just written part of the transaction, if it is still open: another
+        thread or process may have aborted or committed it since this one checked."""
         with self.engine.catalog.write() as db:
-            self._state_row(db)  # the flushed events' transaction is recorded with them
-            self._upsert(db, rows)
-            db.executemany(
-                "DELETE FROM txn_segments WHERE txn_id=? AND segment=?",
-                [(self.txn_id, seg) for seg in drop],
-            )
+            state, _ = self._state_row(db)  # the flushed events' transaction is recorded with them
+            if state == "open":
+                self._upsert(db, rows)
+                db.executemany(
+                    "DELETE FROM txn_segments WHERE txn_id=? AND segment=?",
+                    [(self.txn_id, seg) for seg in drop],
+                )
+        if state != "open":
+            if state in ("aborted", "committed"):  # what we wrote after they removed theirs
+                self._remove_bodies()
+            raise TxnFailed(self.txn_id, state, f"it is {state}, so it cannot take more events")
 
     def _upsert(self, db: sqlite3.Cursor, rows: list[BodyRow]) -> None:
         db.executemany(

@@ -12,8 +12,10 @@ when a committed file differs from what this module makes; regenerate with
     PYTHONPATH=. .venv/bin/python -m pipeline.docs
 
 Descriptions come from the code first (a field's trailing comment in `pipeline/settings.py`),
-then from the commented configuration files (`sluice.toml`, `collectors/collector.example.toml`),
-then from `_DESCRIPTIONS` below; a new setting appears at once, with "—" until it is described.
+then from `_DESCRIPTIONS` below, then from the comments of the commented configuration files
+(`sluice.toml`, `collectors/collector.example.toml`: they describe their example values, so a
+key whose comment is no general meaning is described here); a new setting appears at once,
+with "—" until it is described.
 """
 
 from __future__ import annotations
@@ -63,12 +65,16 @@ _DESCRIPTIONS: dict[str, str] = {
     "streams.NAME.schema": "a bundled Avro schema's name, or an .avsc file",
     "streams.NAME.segments": "segments of the stream when Sluice creates it",
     "streams.NAME.models": "names of [models.*] replayed over every slice of the stream",
+    "streams.NAME.sensor_columns": "the columns that name one sensor in the exports (the asset "
+    "checks' duplicates and gaps are per sensor); sluice.toml's network: RemoteAddr, Interface",
     "streams.NAME.mirror.store": "the store of the mirror (a name of [stores.*])",
     "streams.NAME.mirror.stream": "SCOPE/STREAM of the mirror",
     "streams.NAME.mirror.routing_key": "one routing key for every mirrored event (one per site)",
     "streams.NAME.bookmark.sensor_by": "what names a sensor: routing_key, or columns (A,B)",
     "streams.NAME.bookmark.below": "conditions FIELD=VALUE: a sample's value below VALUE",
     "streams.NAME.bookmark.above": "conditions FIELD=VALUE: a sample's value above VALUE",
+    "streams.NAME.bookmark.burst_mbps": "a condition: a NIC's rx or tx rate since its previous "
+    "sample above this many Mbit/s",
     "streams.NAME.bookmark.predicate": "module:function conditions over a pandas DataFrame",
     "streams.NAME.bookmark.slices_stream": "the stream (in the mirror's store) the slices go to",
     "exports.dir": "the directory of the exports, <dir>/<family>/ (relative to $SLUICE_HOME)",
@@ -122,6 +128,12 @@ _DESCRIPTIONS: dict[str, str] = {
     "without effect (samples go to the SQLite buffer)",
     "instance.enable_large_event": "Pravega Sensor Collector setting: accepted; events over "
     "8 MiB are split",
+    "files.format": "the files' format: csv or parquet",
+    "files.directories": "the directories files are dropped into (FILE_SPEC, comma-separated "
+    "there)",
+    "files.settle_ms": "a file is read once unchanged this long "
+    "(MIN_TIME_IN_MILLIS_TO_UPDATE_FILE)",
+    "files.scan_interval_ms": "how often the directories are scanned for new files (INTERVAL_MS)",
     "files.time_column": "the column holding each row's time (default: the time of reading)",
     "files.time_unit": "the unit of time_column",
     "files.delimiter": "the CSV delimiter",
@@ -140,7 +152,10 @@ _DESCRIPTIONS: dict[str, str] = {
     "mqtt.tls": "connect with TLS",
     "mqtt.ca_file": "the CA certificate for TLS (default: the system's)",
     "mqtt.keepalive": "seconds between MQTT keep-alive pings",
+    "mqtt.payload_format": "how a message's payload is stored: text (UTF-8), json (parsed), "
+    "or base64 (any bytes)",
     "mqtt.max_delay_ms": "the longest a received message waits before it is buffered",
+    "nic.interface": "the network interface to sample, e.g. eth0 (NETWORK_INTERFACE)",
     "nic.sysfs_root": "where the interfaces' statistics are read",
 }
 

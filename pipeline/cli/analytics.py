@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sql",
         help="run SQL on the analytics database (DuckDB views over exports, rates, "
         "quarantine, slices, replays, lineage); read-only",
-        description="Read-only SQL on the analytics database: SELECT, EXPLAIN, PRAGMA, CALL. "
+        description="Read-only SQL on the analytics database: SELECT (WITH, FROM, DESCRIBE, "
+        "SUMMARIZE, SHOW), EXPLAIN, PRAGMA, CALL; with several statements, the last one's rows. "
         "It reads only Sluice's data directories (SELECT * FROM sources); it never rebuilds the "
         "views (sluice analytics refresh does).",
     )
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-rows",
         type=whole_number(0, "rows to print: 0 (all) or more"),
         default=100,
-        help="rows to print (0: all)",
+        help="rows of the table to print (0: all; --json prints every row)",
     )
     p.set_defaults(func=cmd_sql)
 

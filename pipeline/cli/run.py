@@ -280,7 +280,9 @@ def _add_export(jobs: argparse._SubParsersAction, common: argparse.ArgumentParse
         type=Path,
         help=f"output directory; {OUTPUT_HELP}",
     )
-    p.add_argument("--format", default=",".join(DEFAULT_FORMATS), help="parquet,csv,jsonl")
+    p.add_argument(
+        "--format", default=",".join(DEFAULT_FORMATS), help="comma-separated: parquet, csv, jsonl"
+    )
     p.add_argument(
         "--max-rows-per-file",
         type=int,
@@ -367,13 +369,14 @@ def _add_bookmark(jobs: argparse._SubParsersAction, common: argparse.ArgumentPar
         metavar="FIELD=VALUE",
         help="a slice where FIELD is above VALUE (repeatable)",
     )
-    p.add_argument("--burst-mbps", type=float, help="NIC rx or tx rate above this")
+    p.add_argument("--burst-mbps", type=float, help="a NIC's rx or tx rate above this many Mbit/s")
     p.add_argument(
         "--predicate",
         action="append",
         default=[],
         metavar="MODULE:FUNCTION",
-        help="a slice where this function of a sample's row returns true (repeatable)",
+        help="a slice where this function is true for a sample's row: it gets a pandas "
+        "DataFrame of a batch's rows and returns one boolean per row (repeatable)",
     )
     p.add_argument("--min-samples", type=int, default=1, help="samples a slice needs")
     slices_stream_option(p)

@@ -26,7 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(times without a zone are UTC). The cuts come from the time bounds writers attach.",
     )
     c.add_argument("stream", metavar="SCOPE/STREAM", help="the stream to slice")
-    c.add_argument("--from", dest="start", required=True, metavar="TIME", help="2026-11-01T00:00Z")
+    c.add_argument(
+        "--from",
+        dest="start",
+        required=True,
+        metavar="TIME",
+        help="the window's start (ISO 8601, e.g. 2026-11-01T00:00Z)",
+    )
     c.add_argument(
         "--to", dest="end", required=True, metavar="TIME", help="the window's end (ISO 8601)"
     )

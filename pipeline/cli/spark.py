@@ -46,7 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     start.set_defaults(func=_start)
     stop = actions.add_parser("stop", help="stop the server")
     stop.set_defaults(func=_stop)
-    status = actions.add_parser("status", help="is it running, where, since when")
+    status = actions.add_parser(
+        "status",
+        help="is it running, where, since when (JSON; exit 0 when it runs, 3 when it does not)",
+        description="Print the server's status as JSON (with python_daemons while it runs); "
+        "exit 0 when it runs, 3 when it does not, as `systemctl status` does.",
+    )
     status.set_defaults(func=_status)
     archive = actions.add_parser(
         "archive",

@@ -4,6 +4,7 @@ mounted under the test's directory (root only), unmounted afterwards."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -19,11 +20,20 @@ class SmallDisk:
         self.ballast = path / "ballast"
 
     def fill(self, leave: int = 0) -> None:
-        """Take all of its free space but `leave` bytes (rounded down to whole pages)."""
+        """Take all of its free space but about `leave` bytes (rounded down to whole pages).
+        A program writing to the disk meanwhile may take some between the look at what is
+        free and the ballast's write, which then fills the disk: the ballast gives `leave`
+        bytes back."""
         stats = os.statvfs(self.path)
         free = stats.f_bavail * stats.f_frsize
-        with self.ballast.open("ab") as ballast:
-            ballast.write(b"\0" * max(0, free - leave))
+        try:
+            with self.ballast.open("ab") as ballast:
+                ballast.write(b"\0" * max(0, free - leave))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            with self.ballast.open("r+b") as ballast:
+                ballast.truncate(max(0, ballast.seek(0, 2) - leave))
 
     def take(self, size: int) -> None:
         """Take `size` bytes of its space."""

@@ -5,7 +5,6 @@ names the full disk, and once space is freed every sample lands exactly once, in
 
 from __future__ import annotations
 
-import errno
 import sqlite3
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from collectors.buffer import Buffer
 from collectors.settings import load_settings
 from tests.collectors.conftest import RunningService, read_payloads, run_cli, toml_text, wait_for
-from tests.disks import SmallDisk, small_disk
+from tests.disks import small_disk
 
 pytestmark = pytest.mark.slow
 
@@ -29,19 +28,6 @@ def meta_of(tmp_path: Path) -> dict[str, str]:
         return buffer.meta()
     finally:
         buffer.close()
-
-
-def fill(disk: SmallDisk, leave: int) -> None:
-    """Leave about `leave` bytes free on a disk the collector is writing to: its writes may
-    take some space between the look at what is free and the ballast's write, which then
-    fills the disk; the ballast gives `leave` bytes back."""
-    try:
-        disk.fill(leave)
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            raise
-        with disk.ballast.open("r+b") as ballast:
-            ballast.truncate(max(0, ballast.seek(0, 2) - leave))
 
 
 @pytest.mark.parametrize(
@@ -72,7 +58,7 @@ def test_the_store_disk_fills_while_sending(tmp_path, protocol, leave):
         try:
             wait_for((store_dir / "catalog.db").exists, timeout=60)
             time.sleep(1.0)  # some batches committed
-            fill(disk, leave)
+            disk.fill(leave)
             wait_for(
                 lambda: meta_of(tmp_path).get("sender_state", "").startswith("retrying: StoreFull"),
                 timeout=90,

@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 NIC_KIND = "network_samples"
 
+#: The export's hive partitions and their SQL types (`date=2026-11-01/hour=04`).
+PARTITION_COLUMNS = {"date": "DATE", "hour": "BIGINT"}
+PARTITION_TYPES = ", ".join(f"'{name}': {kind}" for name, kind in PARTITION_COLUMNS.items())
+
 
 def sql_str(value: str | Path) -> str:
     return "'" + str(value).replace("'", "''") + "'"
@@ -168,16 +172,18 @@ def _add_export(b: _Builder, source: ExportSource) -> tuple[str, str | None]:
     stored = b.paths.stored(source.parquet_root)
     files = source.parquet_files()
     b.sources.append(_Source("export", source.name, stored, files))
+    # the partitions' types given: DuckDB guesses them from the directory names, and reads
+    # `hour=04` as the text '04' (the whole column is text once one hour is below 10)
     reading = (
         f"read_parquet({b.glob(source.parquet_root, PARTITIONS)}, hive_partitioning = true, "
-        "union_by_name = true)"
+        f"hive_types = {{{PARTITION_TYPES}}}, union_by_name = true)"
     )
     columns = _columns_of(b, source, source.parquet_root, PARTITIONS, reading) if files else []
     plan = _plan_of(source, columns)
     if not files:
         typed = _typed(plan.arrow_schema) if plan is not None else {}
         typed = {**typed, **dict.fromkeys(("_segment", "_offset", "_sample"), "BIGINT")}
-        reading = f"({_empty({**typed, 'date': 'DATE', 'hour': 'BIGINT'})})"
+        reading = f"({_empty(typed | PARTITION_COLUMNS)})"
         columns = list(typed)
     kind = plan.name if plan is not None else None
     sql = f"SELECT {name} AS export, {stream} AS stream, {_time_expr(plan, columns)} AS time, *"
@@ -273,7 +279,7 @@ def _add_samples(b: _Builder, exports: dict[str, str | None]) -> None:
         for view, kind in exports.items()
     ]
     typed = dict.fromkeys(("export", "kind", "stream"), "VARCHAR")
-    typed |= {"time": "TIMESTAMPTZ", "date": "DATE", "hour": "BIGINT"}
+    typed |= {"time": "TIMESTAMPTZ", **PARTITION_COLUMNS}
     typed |= dict.fromkeys(("_segment", "_offset", "_sample"), "BIGINT")
     sql = " UNION ALL ".join(parts) if parts else _empty(typed)
     b.add("samples", sql, comments.VIEWS["samples"], comments.EXPORT)

@@ -26,7 +26,7 @@ from pipeline.jobs.export import ExportSpec, record_export
 from pipeline.jobs.replay import LineageRecord
 from pipeline.jobs.slices import record_slices, time_window_slice
 from pipeline.settings import load_settings
-from tests.analytics.conftest import T0, write_export
+from tests.analytics.conftest import T0, nic_rows, write_export
 
 
 @pytest.fixture
@@ -369,3 +369,14 @@ def test_the_time_of_a_row_before_1970_is_rounded_down_as_its_partition_is():
         "1970-01-01 00:00:00.000000",
         "1970-01-01 00:00:00.000001",
     ]
+
+
+def test_the_hour_partition_is_a_number_in_every_hour_of_the_day(paths, tmp_path):
+    # DuckDB guessed the type from the folder names: `hour=04` made the whole column text
+    hours = [T0 - 6 * 3600 * 10**9, T0 + 3600 * 10**9]  # 04:00 and 11:00 UTC
+    root = write_export(tmp_path / "early", nic_rows("edge1", "eth0", hours, [0, 1], [0, 1]))
+    refresh(paths, [network(root)])
+    _, rows = query(paths, "SELECT typeof(hour), hour, typeof(date) FROM network ORDER BY hour")
+    assert rows == [("BIGINT", 4, "DATE"), ("BIGINT", 11, "DATE")]
+    _, rows = query(paths, "SELECT count(*) FROM network WHERE hour < 10")
+    assert rows == [(1,)]

@@ -91,3 +91,22 @@ def test_the_stream_store_used_as_a_library_makes_its_data_owner_only(tmp_path, 
     for path in created:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+
+
+@pytest.mark.spark
+def test_sparks_checkpoint_files_follow_the_setting(spark, store, store_dir, tmp_path, capsys):
+    # Hadoop applies its own umask (022) to the files it writes: offsets, commits, metadata
+    from pipeline import cli
+
+    store.create_stream("edge/n")
+    event = b'{"TimestampNanos": [1], "RxBytes": [1], "TxBytes": [2], "RemoteAddr": "a", '
+    with store.writer("edge/n") as writer:
+        writer.write(event + b'"Interface": "eth0"}', routing_key="k")
+    checkpoint = tmp_path / "checkpoint"
+    export = ["run", "export", "--stream", "edge/n", "--schema", "NetworkSamples"]
+    where = ["--output", str(tmp_path / "out"), "--checkpoint", str(checkpoint)]
+    spark_only = ["--in-process-bytes", "0"]
+    code = cli.main(["--store", f"embedded:{store_dir}", *export, *where, *spark_only])
+    assert code == 0, capsys.readouterr().err
+    assert (checkpoint / "spark" / "offsets" / "0").exists()
+    assert modes_under(checkpoint / "spark") == {("dir", 0o700), ("file", 0o600)}

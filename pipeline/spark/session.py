@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from pipeline.config import FileModes
 from pipeline.errors import SluiceError
 from pipeline.spark.errors import SparkLost, SparkUnreachable, without_token
 
@@ -203,6 +204,9 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         # events of a few bytes and fine for 40 KB ones, so cap by bytes instead.
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.sql.streaming.stopTimeout": "30s",
+        # Hadoop's file systems (Spark's checkpoint files) apply their own umask, 022 unless
+        # told: owner-only, or group-readable, as every file Sluice writes (`FileModes`)
+        "spark.hadoop.fs.permissions.umask-mode": f"{FileModes.from_environment().umask:03o}",
     }
     for key, value in settings.conf:
         # Java options add to Sluice's (which point Spark at its quiet log configuration).

@@ -31,8 +31,8 @@ from pipeline.streams import (
     InvalidRoutingKey,
     parse_stream,
 )
-from pipeline.streams.api import MAX_SEGMENTS, MAX_TXN_LEASE_SECONDS
 from pipeline.streams.names import check_routing_key
+from pipeline.streams.values import MAX_SEGMENTS, MAX_TXN_LEASE_SECONDS
 
 _INSTANCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
 _COLLECTOR_KEYS = (

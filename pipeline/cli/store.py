@@ -15,7 +15,7 @@ from pipeline.cli.progress import Progress
 from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
 from pipeline.streams import NoStore, StreamCut, StreamNotFound, StreamStore, open_store
-from pipeline.streams.api import Retention, ScalingPolicy
+from pipeline.streams.values import Retention, ScalingPolicy
 from pipeline.wording import counted
 
 FOLLOW_POLL_S = 0.2

@@ -12,26 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.streams.api import (
-    DEFAULT_TXN_LEASE_SECONDS,
-    MAX_EVENT_SIZE,
-    Event,
-    EventBatch,
-    EventReader,
-    EventWriter,
-    Problem,
-    Progress,
-    ReaderGroup,
-    RepairReport,
-    Retention,
-    ScalingPolicy,
-    SegmentInfo,
-    StreamInfo,
-    StreamStore,
-    Transaction,
-    TxnState,
-    VerifyReport,
-)
+from pipeline.streams.api import EventReader, EventWriter, ReaderGroup, StreamStore, Transaction
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.errors import (
     CatalogDamaged,
@@ -66,6 +47,21 @@ from pipeline.streams.errors import (
     Unsupported,
 )
 from pipeline.streams.names import parse_stream
+from pipeline.streams.values import (
+    DEFAULT_TXN_LEASE_SECONDS,
+    MAX_EVENT_SIZE,
+    Event,
+    EventBatch,
+    Problem,
+    Progress,
+    RepairReport,
+    Retention,
+    ScalingPolicy,
+    SegmentInfo,
+    StreamInfo,
+    TxnState,
+    VerifyReport,
+)
 
 __all__ = [
     "DEFAULT_TXN_LEASE_SECONDS",

@@ -16,14 +16,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.streams.api import Problem, Progress, RepairReport, VerifyReport
 from pipeline.streams.embedded.blocks import BadBlock, body_magic, checksum_for
-from pipeline.streams.embedded.engine import Engine, StreamRow
+from pipeline.streams.embedded.engine import Engine
+from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.embedded.manifest import read_manifest
 from pipeline.streams.embedded.reading import BlockReader
 from pipeline.streams.embedded.scaling import scale
 from pipeline.streams.errors import InvalidCut, SegmentNotActive, StreamNotFound, StreamSealed
 from pipeline.streams.names import parse_stream
+from pipeline.streams.values import Problem, Progress, RepairReport, VerifyReport
 from pipeline.wording import counted
 
 END = 2**63 - 1

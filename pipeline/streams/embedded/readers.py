@@ -18,10 +18,11 @@ import math
 import sqlite3
 import time
 
-from pipeline.streams.api import Event, EventReader, ReaderGroup, check_count
+from pipeline.streams.api import EventReader, ReaderGroup
 from pipeline.streams.cut import StreamCut
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.engine import Engine, StreamRow
+from pipeline.streams.embedded.engine import Engine
+from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.errors import (
     InvalidArgument,
     ReaderGroupConflict,
@@ -29,6 +30,7 @@ from pipeline.streams.errors import (
     ReaderOffline,
 )
 from pipeline.streams.names import check_name
+from pipeline.streams.values import Event, check_count
 
 READER_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.02

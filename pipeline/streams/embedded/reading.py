@@ -21,7 +21,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 
-from pipeline.streams.api import Event, EventBatch
 from pipeline.streams.embedded.blocks import (
     EVENT,
     HEADER,
@@ -37,6 +36,7 @@ from pipeline.streams.embedded.blocks import (
     row_problem,
 )
 from pipeline.streams.embedded.segment import SegmentFile
+from pipeline.streams.values import Event, EventBatch
 
 #: The most bytes of contiguous blocks read and checked at once (a larger block is read alone).
 RUN_BYTES = 1 << 20

@@ -18,12 +18,12 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
-from pipeline.streams.api import Problem, Progress, RepairReport, VerifyReport
 from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.binding import refuse_newer_store_file
 from pipeline.streams.embedded.blocks import BadBlock, BlockHeader, body_checksum, frame_at
 from pipeline.streams.embedded.catalog import FORMAT_VERSION, REBUILDING, Catalog, now_ns
-from pipeline.streams.embedded.engine import Engine, StreamRow
+from pipeline.streams.embedded.engine import Engine
+from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.embedded.integrity import Tally, seal_and_continue
 from pipeline.streams.embedded.manifest import (
     UNREADABLE_ID,
@@ -35,6 +35,7 @@ from pipeline.streams.embedded.manifest import (
     write_store_id,
 )
 from pipeline.streams.embedded.segment import SegmentFile
+from pipeline.streams.values import Problem, Progress, RepairReport, VerifyReport
 from pipeline.wording import counted
 
 CATALOG_FILES = ("catalog.db", "catalog.db-wal", "catalog.db-shm")

@@ -17,9 +17,10 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from pipeline.streams.api import MAX_SEGMENTS, ScalingPolicy
-from pipeline.streams.embedded.engine import Engine, StreamRow
+from pipeline.streams.embedded.engine import Engine
+from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.errors import InvalidArgument, InvalidCut, SegmentNotActive, StreamSealed
+from pipeline.streams.values import MAX_SEGMENTS, ScalingPolicy
 
 EPSILON = 1e-12
 

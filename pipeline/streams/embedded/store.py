@@ -13,30 +13,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.streams.api import (
-    DEFAULT_TXN_LEASE_SECONDS,
-    Event,
-    EventBatch,
-    EventWriter,
-    Progress,
-    ReaderGroup,
-    RepairReport,
-    Retention,
-    ScalingPolicy,
-    SegmentInfo,
-    StreamInfo,
-    StreamStore,
-    Transaction,
-    VerifyReport,
-    check_positive,
-    check_retention,
-    check_segments,
-)
+from pipeline.streams.api import EventWriter, ReaderGroup, StreamStore, Transaction
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.embedded import integrity, rebuild, scaling
 from pipeline.streams.embedded.binding import next_stream_id
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.engine import Engine, StreamRow
+from pipeline.streams.embedded.engine import Engine
+from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.embedded.readers import EmbeddedReaderGroup
 from pipeline.streams.embedded.reading import read_batches
 from pipeline.streams.embedded.routing import key_position
@@ -44,6 +27,21 @@ from pipeline.streams.embedded.transactions import EmbeddedTransaction
 from pipeline.streams.embedded.writer import EmbeddedWriter
 from pipeline.streams.errors import InvalidCut, StoreUnavailable, StreamNotSealed
 from pipeline.streams.names import check_name, parse_stream
+from pipeline.streams.values import (
+    DEFAULT_TXN_LEASE_SECONDS,
+    Event,
+    EventBatch,
+    Progress,
+    RepairReport,
+    Retention,
+    ScalingPolicy,
+    SegmentInfo,
+    StreamInfo,
+    VerifyReport,
+    check_positive,
+    check_retention,
+    check_segments,
+)
 
 __all__ = ["EmbeddedStore", "key_position"]  # key_position: where benchmarks/store.py finds it
 

@@ -9,47 +9,40 @@
 Exactly-once: each segment gets one block holding all of the transaction's events for it, so a
 reader sees all of them or none. A one-segment commit appends its block straight from memory
 (and its flushed body): the block is the commit, and whoever finds it commits the transaction
-in the catalog (`engine.commit_landed`); one that died before its block was whole goes back to
+in the catalog (`index.commit_landed`); one that died before its block was whole goes back to
 `open`. A commit over several segments records them all `committing` first and is rolled
-forward by the next `commit()` on the same id, from any process. How each step is made
-durable, and why each crash point is safe: FORMAT.md ("Transactions").
+forward by the next `commit()` on the same id, from any process. What a transaction is on disk
+(its catalog rows, its body files): `txn_record.py`. How each step is made durable, and why
+each crash point is safe: FORMAT.md ("Transactions").
 """
 
 from __future__ import annotations
 
-import errno
-import os
 import sqlite3
 from collections import defaultdict
 from contextlib import ExitStack, suppress
-from pathlib import Path
 from typing import Literal, NoReturn
 
-from pipeline.durable import fsync_dir
-from pipeline.streams.api import Transaction, TxnState, check_lease, check_time_bounds
+from pipeline.streams.api import Transaction
 from pipeline.streams.embedded import txn_ids
 from pipeline.streams.embedded.blocks import (
     BadBlock,
     BlockHeader,
     body_checksum,
-    body_magic,
-    checksum_for,
-    encode_header,
     iter_frames,
     parse_header,
 )
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.engine import Engine, StreamRow, encode
+from pipeline.streams.embedded.engine import Engine, encode
+from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.embedded.routing import route
 from pipeline.streams.embedded.segment import SegmentFile
-from pipeline.streams.embedded.space import out_of_space
-from pipeline.streams.errors import SegmentDamaged, TxnFailed, TxnNotFound
-
-BODY_READ_CHUNK = 64 << 20
-BodyRow = tuple[int, int, int, int]  # segment, recorded body length, events, running CRC
+from pipeline.streams.embedded.txn_record import BodyRow, TxnRecord
+from pipeline.streams.errors import SegmentDamaged, TxnFailed
+from pipeline.streams.values import TxnState, check_lease, check_time_bounds
 
 
-class EmbeddedTransaction(Transaction):
+class EmbeddedTransaction(TxnRecord, Transaction):
     def __init__(self, engine: Engine, row: StreamRow, txn_id: str) -> None:
         self.engine, self.row, self.txn_id = engine, row, txn_id
         self.stream = row.qualified
@@ -76,41 +69,6 @@ class EmbeddedTransaction(Transaction):
         txn._raw_state()
         return txn
 
-    def _carried(self) -> tuple[int, int]:
-        """(created_ns, lease_expiry_ns) that the id carries, for a transaction the catalog
-        has no row of; `TxnNotFound` if it carries none for this stream of this store, or
-        predates the catalog's last rebuild."""
-        begun = txn_ids.begin_row(self.engine.store_id, self.row.id, self.txn_id)
-        rebuilt = self.engine.catalog.query_one("SELECT value FROM meta WHERE key='rebuilt_ns'")
-        if begun is None or (rebuilt is not None and begun[0] < int(rebuilt[0])):
-            raise TxnNotFound(self.txn_id)
-        return begun
-
-    def _state_row(self, db: sqlite3.Cursor) -> tuple[str, int]:
-        """State and lease expiry inside a catalog write; the `open` row the id carries is
-        recorded in it if the catalog has none yet."""
-        found = db.execute(
-            "SELECT state, lease_expiry_ns, stream_id FROM txns WHERE txn_id=?", (self.txn_id,)
-        ).fetchone()
-        if found is None:
-            created, expiry = self._carried()
-            db.execute(
-                "INSERT INTO txns(txn_id, stream_id, state, created_ns, lease_expiry_ns)"
-                " VALUES (?, ?, 'open', ?, ?)",
-                (self.txn_id, self.row.id, created, expiry),
-            )
-            return "open", expiry
-        if found[2] != self.row.id:
-            raise TxnNotFound(self.txn_id)
-        return found[0], found[1]
-
-    @property
-    def _dir(self) -> Path:
-        return self.engine.root / "txn"
-
-    def _body_path(self, segment: int) -> Path:
-        return self._dir / f"{self.txn_id}.{segment}.body"
-
     def state(self) -> TxnState:
         """The transaction's state; `open` only once no block of it is in any segment (a
         one-segment commit whose catalog rows a power cut lost is found committed)."""
@@ -120,17 +78,6 @@ class EmbeddedTransaction(Transaction):
             if (state := self._settled_state()) == "open":
                 break
         return state
-
-    def _raw_state(self) -> str:
-        found = self.engine.catalog.query_one(
-            "SELECT state, stream_id FROM txns WHERE txn_id=?", (self.txn_id,)
-        )
-        if found is None:
-            self._carried()
-            return "open"
-        if found[1] != self.row.id:
-            raise TxnNotFound(self.txn_id)
-        return found[0]
 
     def _settled_state(self) -> str:
         """The state, once a one-segment commit left `landing` by a process that died has been
@@ -183,42 +130,6 @@ class EmbeddedTransaction(Transaction):
         self._record(self._write_pending())
         self._pending.clear()
 
-    def _write_pending(self) -> list[BodyRow]:
-        """Write the pending events past the recorded ends of their bodies and fsync them; the
-        rows returned make them part of the transaction once recorded (nothing before)."""
-        if not self._pending:
-            return []
-        if not self._dir.exists():
-            self._dir.mkdir(mode=self.engine.modes.directory, parents=True, exist_ok=True)
-            fsync_dir(self._dir.parent)
-        return [self._write_body(seg, frames) for seg, frames in sorted(self._pending.items())]
-
-    def _write_body(self, segment: int, frames: list[bytes]) -> BodyRow:
-        """Append frames past the recorded length of a body file and fsync them; return the
-        row (segment, length, events, crc) that makes them part of the transaction."""
-        found = self.engine.catalog.query_one(
-            "SELECT body_len, events, body_crc FROM txn_segments WHERE txn_id=? AND segment=?",
-            (self.txn_id, segment),
-        )
-        body_len, events, crc = found or (0, 0, 0)
-        path = self._body_path(segment)
-        new_file = not path.exists()
-        data = b"".join(frames)
-        with out_of_space(path):  # the recorded length is the truth: nothing past it counts
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, self.engine.modes.file)
-            try:
-                written = os.pwrite(fd, data, body_len)  # over whatever a crash left there
-                if written != len(data):
-                    raise OSError(errno.ENOSPC, f"short write: {written} of {len(data)} bytes")
-                os.ftruncate(fd, body_len + len(data))
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            if new_file:
-                fsync_dir(self._dir)
-        crc = body_checksum(crc, body_len, data)
-        return segment, body_len + len(data), events + len(frames), crc
-
     def _record(self, rows: list[BodyRow], drop: tuple[int, ...] = ()) -> None:
         """Make the bodies just written part of the transaction, if it is still open: another
         thread or process may have aborted or committed it since this one checked."""
@@ -234,14 +145,6 @@ class EmbeddedTransaction(Transaction):
             if state in ("aborted", "committed"):  # what we wrote after they removed theirs
                 self._remove_bodies()
             raise TxnFailed(self.txn_id, state, f"it is {state}, so it cannot take more events")
-
-    def _upsert(self, db: sqlite3.Cursor, rows: list[BodyRow]) -> None:
-        db.executemany(
-            "INSERT INTO txn_segments(txn_id, segment, body_len, events, body_crc)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET body_len=excluded.body_len,"
-            " events=excluded.events, body_crc=excluded.body_crc",
-            [(self.txn_id, *row) for row in rows],
-        )
 
     def _rebase(self) -> None:
         """Move events routed to segments sealed since (by a scale) onto their successors.
@@ -417,7 +320,7 @@ class EmbeddedTransaction(Transaction):
 
     def _mark_landed(self, segment: int, header: BlockHeader) -> None:
         """Index the landed block and record `committed` (NORMAL: the block is durable and
-        commits the transaction by itself; see `engine.commit_landed`)."""
+        commits the transaction by itself; see `index.commit_landed`)."""
         with self.engine.catalog.write(self.engine.catalog.index) as db:
             self.engine.insert_index(db, self.row, segment, [header])
             db.execute(
@@ -456,7 +359,7 @@ class EmbeddedTransaction(Transaction):
     ) -> Literal["landed", "rebase", "committed", "committing"]:
         """Record the events just flushed, enter `committing` and land the blocks; "rebase"
         (the flushed events recorded, nothing landed) if a target segment is sealed: rebase
-        first; "committed" if a block of it was found at catch-up (`engine.commit_landed`),
+        first; "committed" if a block of it was found at catch-up (`index.commit_landed`),
         "committing" if another commit of it entered `committing` first (roll it forward).
 
         The target segments' locks are taken first, in segment order as a scale takes them, so
@@ -562,19 +465,6 @@ class EmbeddedTransaction(Transaction):
             (self.row.id, self.txn_id),
         ).fetchone()
 
-    def _header(
-        self, ingest_ns: int, bounds: tuple[int, int] | None, body_len: int, events: int, crc: int
-    ) -> bytes:
-        return encode_header(
-            body_crc=crc,
-            body_len=body_len,
-            events=events,
-            ingest_ns=ingest_ns,
-            time_bounds=bounds,
-            meta=b"t" + self.txn_id.encode(),
-            magic=body_magic(crc, body_len),
-        )
-
     def _roll_forward(self) -> None:
         """Land what is not landed yet (all of it after a crash), then record `committed`."""
         ingest_ns, t_min, t_max = self.engine.catalog.query_one(
@@ -626,18 +516,6 @@ class EmbeddedTransaction(Transaction):
         chunks = self._checked_body(segment, *body)
         self.engine.append_block(self.row, segment, header, chunks)
 
-    def _checked_body(self, segment: int, body_len: int, body_crc: int) -> list[bytes]:
-        """The flushed body of a segment, checked against its recorded length and CRC: never
-        land a block that would fail its own checksum."""
-        chunks = self._body(segment, body_len)
-        sums, found = checksum_for(body_magic(body_crc, body_len)), 0
-        for chunk in chunks:
-            found = sums(chunk, found)
-        if found != body_crc & 0xFFFFFFFF:
-            msg = f"its flushed events for segment {segment} are damaged (checksum mismatch)"
-            raise TxnFailed(self.txn_id, "committing", msg)
-        return chunks
-
     def _block_is_mine(self, segment: int, offset: int) -> bool:
         block = self.engine.block_at(self.row, segment, offset)
         if block is None or block.offset != offset:
@@ -646,20 +524,6 @@ class EmbeddedTransaction(Transaction):
         parsed = parse_header(data, 0, offset)
         return parsed is not None and parsed.txn_id == self.txn_id
 
-    def _body(self, segment: int, body_len: int) -> list[bytes]:
-        if body_len == 0:
-            return []
-        chunks, pos = [], 0
-        with self._body_path(segment).open("rb") as fh:
-            while pos < body_len:
-                chunk = fh.read(min(BODY_READ_CHUNK, body_len - pos))
-                if not chunk:
-                    msg = f"transaction {self.txn_id} lost flushed data of segment {segment}"
-                    raise TxnFailed(self.txn_id, "committing", msg)
-                chunks.append(chunk)
-                pos += len(chunk)
-        return chunks
-
     def _mark_done(self, segment: int) -> None:
         # derivable (the block at appended_at names this transaction): no fsync needed
         with self.engine.catalog.write(self.engine.catalog.index) as db:
@@ -667,10 +531,6 @@ class EmbeddedTransaction(Transaction):
                 "UPDATE txn_segments SET done=1 WHERE txn_id=? AND segment=?",
                 (self.txn_id, segment),
             )
-
-    def _remove_bodies(self) -> None:
-        for path in self._dir.glob(f"{self.txn_id}.*.body"):
-            path.unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Abort, unless it is committed or being committed (`TxnFailed`). An open transaction

@@ -7,7 +7,7 @@ id (the key is the store id), so `get_transaction(stream, id)` can tell an id th
 for this stream from any other string and read its row from it: `open`, nothing flushed. That
 is all a transaction without a row can be, also after a power cut: a flush records its row and
 body with synchronous=FULL; an abort is FULL too; a one-segment commit's block recreates the
-row `committed` (`engine.commit_landed`); a commit over several segments is `committing`
+row `committed` (`index.commit_landed`); a commit over several segments is `committing`
 (FULL) before anything lands.
 
     id = uuid4 hex (32) | created_ns (16 hex) | lease_expiry_ns (16 hex) | seal (16 hex)

@@ -16,7 +16,8 @@ from collections import defaultdict
 from pipeline.streams.api import EventWriter
 from pipeline.streams.embedded.blocks import checksum, encode_header
 from pipeline.streams.embedded.catalog import now_ns
-from pipeline.streams.embedded.engine import Engine, StreamRow, encode_pieces
+from pipeline.streams.embedded.engine import Engine, encode_pieces
+from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.embedded.routing import route
 from pipeline.streams.errors import MAX_EVENT_NUMBER, InvalidEventNumber
 

@@ -14,8 +14,8 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeline.streams.api import MAX_EVENT_SIZE, Event
 from pipeline.streams.errors import InvalidCut
+from pipeline.streams.values import MAX_EVENT_SIZE, Event
 
 HEADER = struct.Struct(">ii")
 EVENT_TYPE = 0

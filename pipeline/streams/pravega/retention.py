@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.streams.api import Retention, check_retention
 from pipeline.streams.errors import Unsupported
+from pipeline.streams.values import Retention, check_retention
 
 TAG_PREFIX = "sluice.retention."
 _BACKEND = "Pravega"

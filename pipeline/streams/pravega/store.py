@@ -16,20 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from pipeline.streams.api import (
-    DEFAULT_TXN_LEASE_SECONDS,
-    Event,
-    EventWriter,
-    Feature,
-    ReaderGroup,
-    Retention,
-    SegmentInfo,
-    StreamInfo,
-    StreamStore,
-    Transaction,
-    check_lease,
-    check_segments,
-)
+from pipeline.streams.api import EventWriter, Feature, ReaderGroup, StreamStore, Transaction
 from pipeline.streams.cut import StreamCut, as_cut
 from pipeline.streams.errors import (
     InvalidCut,
@@ -52,6 +39,15 @@ from pipeline.streams.pravega.transactions import (
     PravegaWriter,
     no_writer_ids,
     parse_txn_id,
+)
+from pipeline.streams.values import (
+    DEFAULT_TXN_LEASE_SECONDS,
+    Event,
+    Retention,
+    SegmentInfo,
+    StreamInfo,
+    check_lease,
+    check_segments,
 )
 from pipeline.wording import counted
 

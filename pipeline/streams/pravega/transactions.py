@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pipeline.streams.api import EventWriter, Transaction, TxnState, check_event
+from pipeline.streams.api import EventWriter, Transaction
 from pipeline.streams.errors import (
     StreamStoreError,
     TxnFailed,
@@ -20,6 +20,7 @@ from pipeline.streams.errors import (
     Unsupported,
 )
 from pipeline.streams.pravega.controller import ControllerChannel, ControllerTxnState
+from pipeline.streams.values import TxnState, check_event
 
 BACKEND = "Pravega (python client 0.3.8)"
 CLIENT_TXN_LEASE_SECONDS = 90.0

@@ -7,7 +7,8 @@
 The target may be in another scope, store or a Pravega cluster; `fixed_routing_key` gives all
 events one key (one per edge site). Delivery: **exactly-once** (the `sluice` sink commits a
 batch once, by the ledger); per-key order kept. A checkpoint keeps its `fixed_routing_key`: a
-run with another is refused (`ParametersChanged`), never mixed into the target stream.
+run with another is refused (`ParametersChanged`), never mixed into the target stream; a new
+checkpoint into a target that holds events already is refused (`TargetTaken`).
 `commit_mode`: `DESIGN.md`, "mirror"."""
 
 from __future__ import annotations
@@ -107,6 +108,36 @@ KEY_CHANGED = (
 KEY_REMEDY = "give a new --checkpoint and a new --to stream to copy with the new ones"
 
 
+class TargetTaken(SluiceError, ValueError):
+    """A new checkpoint that would copy its source from the head into a target stream that
+    already holds events: those of another checkpoint's mirror (or of one since lost)."""
+
+    def __init__(self, spec: MirrorSpec, checkpoint: Path, events: int) -> None:
+        self.spec, self.checkpoint, self.events = spec, checkpoint, events
+        msg = (
+            f"mirror {spec.stream} -> {spec.to}: {spec.to} holds {events:,} events already and "
+            f"this run's checkpoint {checkpoint} has copied none: copying {spec.stream} from its "
+            "head would write them a second time. Go on with the mirror that wrote them (its "
+            f"--checkpoint), start after them (--from tail, or a cut of {spec.stream}), or mirror "
+            "into a new --to stream"
+        )
+        super().__init__(msg)
+
+
+def check_target_free(spec: MirrorSpec, checkpoint: Checkpoint, starting: str) -> None:
+    """Refuse (`TargetTaken`) a checkpoint that has copied nothing yet and starts at the head
+    when the target stream holds events: one target stream has one mirror (as one export
+    output has one checkpoint), so a second checkpoint, or one made again after its own was
+    lost, would copy every event again. A `--from` other than the head is the user saying
+    where the copy goes on."""
+    if starting.lower() != "head" or not checkpoint.is_new:
+        return
+    with open_store(spec.to_store) as target:
+        events = target.info(spec.to).events
+    if events:
+        raise TargetTaken(spec, checkpoint.root, events)
+
+
 def ensure_target(spec: MirrorSpec) -> None:
     """Create the target stream (as many segments as the source) if it does not exist."""
     with open_store(spec.store) as source:
@@ -152,6 +183,7 @@ def mirror(
             wanted, has_output=has_output, why=KEY_CHANGED, remedy=KEY_REMEDY
         )
         checkpoint.note_start(run.starting)
+        check_target_free(spec, checkpoint, run.starting)
         # Range rows: each task copies its range from the source store itself.
         source = JobSource(spec.store, spec.stream, emit="ranges")
         small = stream_writer_batch("sluice", options(checkpoint))

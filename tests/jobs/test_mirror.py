@@ -9,7 +9,7 @@ import pytest
 
 from pipeline import cli
 from pipeline.jobs.checkpoint import Checkpoint, CheckpointInUse, CheckpointMismatch, JobIdentity
-from pipeline.jobs.mirror import MirrorSpec, mirror
+from pipeline.jobs.mirror import MirrorSpec, TargetTaken, mirror
 from pipeline.jobs.runner import RunOptions
 from pipeline.streams import open_store
 from tests.spark.conftest import fill, per_key_sequences
@@ -77,6 +77,25 @@ def test_from_tail_skips_history_on_a_new_checkpoint(spark, edge, store_dir):
     )
     assert summary.events == 0
     assert list(edge.read("cloud/x")) == []
+
+
+def test_a_new_checkpoint_into_a_target_that_holds_events_is_refused(
+    spark, edge, store_dir, tmp_path
+):
+    # a second checkpoint (or one made again after the first was lost) copied every event again
+    uri = f"embedded:{store_dir}"
+    spec = MirrorSpec("edge/network", "cloud/network", uri, uri)
+    fill(edge, "edge/network", 30)
+    assert mirror(spark, spec, RunOptions(checkpoint=tmp_path / "a")).events == 30
+    fill(edge, "edge/network", 5, first=30)
+    with pytest.raises(TargetTaken, match="cloud/network holds 30 events already") as refused:
+        mirror(spark, spec, RunOptions(checkpoint=tmp_path / "b"))
+    assert "--from tail" in str(refused.value)
+    assert edge.info("cloud/network").events == 30
+    # started after what the target holds, it goes on; the first checkpoint goes on too
+    assert mirror(spark, spec, RunOptions(checkpoint=tmp_path / "b", starting="tail")).events == 0
+    assert mirror(spark, spec, RunOptions(checkpoint=tmp_path / "a")).events == 5
+    assert edge.info("cloud/network").events == 35
 
 
 def test_a_second_run_on_a_checkpoint_in_use_is_refused(spark, edge, store_dir, tmp_path):

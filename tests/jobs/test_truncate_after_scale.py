@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
 from pipeline import cli
 from pipeline.config import sluice_home
-from pipeline.jobs.mirror import MirrorSpec, mirror
+from pipeline.jobs.mirror import MirrorSpec, TargetTaken, mirror
 from pipeline.jobs.replay import SliceTruncated, load_model, replay
 from pipeline.jobs.runner import JobFailed, RunOptions
 from pipeline.jobs.slices import SliceRecord, record_slices
@@ -50,11 +51,18 @@ def test_a_mirror_past_a_scale_and_a_truncation_fails_rather_than_skipping(
     fill(store, SOURCE, 10, first=10)
     store.truncate(store.tail(SOURCE))
     fill(store, SOURCE, 10, first=20)
-    with pytest.raises(JobFailed, match=f"stream {SOURCE} segment [12] was truncated at offset"):
+    with pytest.raises(
+        JobFailed, match=f"stream {SOURCE} segment [12] was truncated at offset"
+    ) as failed:
         mirror(spark, spec, run)
+    resume = re.search(r"--from (\S+)$", str(failed.value))
     assert seqs(store, TARGET) == list(range(10))
-    # a new checkpoint from the head (it names every segment) copies what remains, once
+    # a new checkpoint from the head would be refused (the target holds events: copying the
+    # head again could copy them twice); one from where the failure says copies what remains
     fresh = RunOptions(checkpoint=tmp_path / "new", max_events=max_events)
+    with pytest.raises(TargetTaken, match=f"{TARGET} holds 10 events already"):
+        mirror(spark, spec, fresh)
+    fresh = replace(fresh, starting=resume.group(1))
     assert mirror(spark, spec, fresh).events == 10
     assert seqs(store, TARGET) == [*range(10), *range(20, 30)]
 

@@ -50,7 +50,7 @@ class SettingsError(SluiceError, ValueError):
 
     def __init__(self, where: str, problem: str) -> None:
         self.where, self.problem = where, problem
-        msg = f"{where}: {problem} (fix it and retry; every key is described in sluice.toml)"
+        msg = f"{where}: {problem} (fix it and retry; every key is described in docs/reference.md)"
         super().__init__(msg)
 
 

@@ -3,8 +3,9 @@ slices stream so that any job, any machine and any later day can replay exactly 
 
 A slice is a `SliceRecord` written as one JSON event to the slices stream (default
 `sluice/slices`); its `slice_id` is a hash of what the slice is, so recording it twice gives
-the same id. Delivery: `record_slices` skips known ids (exactly-once for one writer at a
-time); readers keep the first record of each id (`DESIGN.md`, "slices")."""
+the same id. Delivery: `record_slices` skips known ids and slices known by what they read
+(exactly-once for one writer at a time); readers keep the first record of each id
+(`DESIGN.md`, "slices")."""
 
 from __future__ import annotations
 
@@ -135,6 +136,26 @@ class SliceRecord:
     @property
     def cuts(self) -> tuple[StreamCut, StreamCut]:
         return StreamCut.parse(self.start_cut), StreamCut.parse(self.end_cut)
+
+    @property
+    def content_key(self) -> tuple:
+        """What a replay of the slice reads and keeps: its stream (the stream's identity
+        too), sensor, time bounds and reason, and the byte range of each segment it reads
+        something of. The positions of segments it reads nothing of are left out: the
+        bookmark job puts the stream's head there, which a truncation moves, so the same
+        slice found again by a later checkpoint has other cut texts and another id."""
+        start, end = self.cuts
+        spans = tuple(span for span in start.spans_until(end) if span[2] > span[1])
+        bounds = (self.start_time_ns, self.end_time_ns)
+        return (
+            self.stream,
+            start.stream_id,
+            self.sensor_by,
+            self.sensor,
+            bounds,
+            self.reason,
+            spans,
+        )
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
@@ -329,17 +350,23 @@ def record_slices(
     records: list[SliceRecord],
     slices_stream: str = DEFAULT_SLICES_STREAM,
 ) -> list[SliceRecord]:
-    """Append the records whose ids are new, in one transaction; return those written.
-    A record whose cuts are not a range of its stream is refused (`InvalidCut`) first."""
+    """Append the records that are new, in one transaction; return those written. A record
+    is known by its id, or by its `content_key` (the same slice recorded with its idle
+    segments at other positions: by a bookmark checkpoint made again after the stream was
+    truncated). A record whose cuts are not a range of its stream is refused (`InvalidCut`)
+    first."""
     parse_stream(slices_stream)
     for record in records:
         check_cuts(record)
     store.create_stream(slices_stream)
-    known = {r.slice_id for r in list_slices(store, None, slices_stream)}
+    recorded = list_slices(store, None, slices_stream)
+    known = {r.slice_id for r in recorded}
+    contents = {r.content_key for r in recorded}
     new: list[SliceRecord] = []
     for record in records:
-        if record.slice_id not in known:
+        if record.slice_id not in known and record.content_key not in contents:
             known.add(record.slice_id)
+            contents.add(record.content_key)
             new.append(record)
     if not new:
         return []

@@ -178,11 +178,14 @@ class JoinOutputTaken(SluiceError, ValueError):
 
 def claim_output(root: Path, spec: StreamJoinSpec) -> None:
     """Make the join state under `root` the one that writes `spec.output`: refused
-    (`JoinOutputTaken`) when the state is new and the output already holds parts. Recording
+    (`JoinOutputTaken`) when the state is new and the output already holds parts, whoever
+    wrote them (another checkpoint, one since lost) and however the output is spelled (a
+    symbolic link to it, a path through `..` whose first part does not exist yet). Recording
     the parameters marks the state as begun, before its first part is written."""
     if (root / "parameters.json").exists() or any(root.glob("state-*")):
         return
-    found = next(iter(sorted(spec.output.glob("part-*.parquet"))), None)
+    here = spec.output.resolve()  # `other/../out` before `other` exists: its parts are out's
+    found = next(iter(sorted(here.glob("part-*.parquet"))), None)
     if found is not None:
         raise JoinOutputTaken(spec.output, root.parent, found)
     durable.write_json(root / "parameters.json", asdict(JoinParameters.of(spec)))

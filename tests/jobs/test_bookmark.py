@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pyarrow as pa
 import pytest
 
 from pipeline import cli
+from pipeline.config import sluice_home
 from pipeline.jobs.bookmark import (
     BookmarkError,
     BookmarkSpec,
@@ -128,6 +130,27 @@ def test_ids_are_stable_across_reruns_and_batch_boundaries(store, store_dir, tmp
     assert process_batch(store, bspec, plan, tmp_path / "a", batch_id=0, events=table) == []
 
 
+def truncate_before(store, written) -> None:
+    """Truncate edge2's segment at its second event (a calm one: no slice starts before)."""
+    edge2 = [w for w in written if w.key == "edge2"]
+    head = store.head(STREAM)
+    store.truncate(head.moved_to({**head.segments, edge2[1].segment: edge2[1].offset}))
+
+
+def test_a_new_state_after_a_truncation_records_no_slice_twice(store, store_dir, tmp_path):
+    """A checkpoint made again (another, or one that was lost) after the stream was truncated
+    finds the slices it can still read again, with the segments they read nothing of at the
+    stream's new head: other cuts and ids, the same slices. None is recorded twice."""
+    written = nic_stream(store, PLAN)
+    bspec = spec(store_dir, Condition("burst", value=100.0))
+    first = run_batches(store, bspec, tmp_path / "a", [events_table(store)])
+    truncate_before(store, written)
+    again = run_batches(store, bspec, tmp_path / "b", [events_table(store, store.head(STREAM))])
+    assert len(again) == 3 and {s.slice_id for s in again} != {s.slice_id for s in first}
+    assert list_slices(store, STREAM) == list_slices(store) == first
+    assert len(list(store.read("sluice/slices"))) == 3
+
+
 def test_thresholds_predicates_and_sensor_columns(store, store_dir, tmp_path):
     written = nic_stream(store, PLAN)
     first = {k: [w for w in written if w.key == k] for k in PLAN}
@@ -190,3 +213,27 @@ def test_sluice_run_bookmark_available_now(store, store_dir, monkeypatch, capsys
     capsys.readouterr()
     assert len(list_slices(store, STREAM)) == 3
     assert T0 <= min(s.start_time_ns for s in found) < T0 + 6 * SECOND
+
+
+@pytest.mark.spark
+def test_a_second_or_lost_checkpoint_records_no_slice_twice(
+    spark, store, store_dir, tmp_path, capsys
+):
+    """`sluice run bookmark` from the head again, into the slices stream it filled: with
+    another --checkpoint, with its own lost (the home deleted), and once more after the
+    stream was truncated. Its slices have the ids (or the extent) of those recorded, so the
+    slices stream keeps one record of each: harmless, nothing to refuse."""
+    written = nic_stream(store, PLAN)
+    argv = ["--store", f"embedded:{store_dir}", "run", "bookmark", "--stream", STREAM]
+    argv += ["--schema", "NetworkSamples", "--burst-mbps", "100", "--available-now"]
+    assert cli.main(argv) == 0
+    recorded = list_slices(store, STREAM)
+    assert len(recorded) == 3
+    assert cli.main([*argv, "--checkpoint", str(tmp_path / "another")]) == 0
+    shutil.rmtree(sluice_home() / "checkpoints")
+    assert cli.main(argv) == 0
+    truncate_before(store, written)
+    assert cli.main([*argv, "--checkpoint", str(tmp_path / "after-truncation")]) == 0
+    capsys.readouterr()
+    assert list_slices(store, STREAM) == recorded
+    assert len(list(store.read("sluice/slices"))) == 3

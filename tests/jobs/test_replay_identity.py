@@ -107,6 +107,29 @@ def test_an_output_directory_of_another_replay_is_refused(spark, store, bursty, 
     assert ReplayKey.of(bursty.slice_id, other).run_id != first.lineage.run_id
 
 
+@pytest.mark.spark
+@pytest.mark.parametrize("spelled", ["not-yet/../mine", "link"])
+def test_another_replay_s_directory_spelled_otherwise_is_refused(
+    spark, store, bursty, tmp_path, spelled
+):
+    """Through `..` whose first part does not exist yet (unresolved, `mine/lineage.json` is
+    not found there) or a symbolic link: before, the other replay's results replaced the
+    first's, and the first's lineage record pointed at them."""
+    out = tmp_path / "mine"
+    first = _replay(spark, store, bursty, output_dir=out, burst_mbps=1.0)
+    before = _bytes(first)
+    (tmp_path / "link").symlink_to(out)
+    with pytest.raises(
+        OutputInUse, match=re.escape(f"holds the files of replay {first.lineage.run_id}")
+    ):
+        _replay(spark, store, bursty, output_dir=tmp_path / spelled, burst_mbps=2.0)
+    assert _bytes(first) == before
+    assert json.loads((out / "lineage.json").read_text())["run_id"] == first.lineage.run_id
+    assert [p.name for p in (sluice_home() / "lineage").glob("*.json")] == [
+        f"{first.lineage.run_id}.json"
+    ]
+
+
 def test_unknown_parameters_are_refused_before_anything_runs():
     with pytest.raises(ModelError, match=re.escape("do not fit it")):
         load_model(NIC, {"burst_mpbs": 5})

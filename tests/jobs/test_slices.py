@@ -21,7 +21,7 @@ from pipeline.jobs.slices import (
     time_window_slice,
 )
 from pipeline.streams import open_store
-from tests.jobs.test_replay_support import STREAM, T0, nic_stream
+from tests.jobs.test_replay_support import MS, STREAM, T0, nic_payload, nic_stream, write_event
 
 SECOND = 1_000_000_000
 
@@ -50,6 +50,61 @@ def test_slice_ids_are_stable_and_recording_twice_adds_nothing(store):
     assert find_slice(store, a.slice_id) == a
     with pytest.raises(SliceNotFound, match=re.escape("no slice 'sl-nope' in sluice/slices")):
         find_slice(store, "sl-nope")
+
+
+def test_the_same_slice_with_its_idle_segments_elsewhere_is_recorded_once(store):
+    """A bookmark checkpoint made again after a truncation finds each slice again with the
+    segments it reads nothing of at the stream's new head: other cut texts, another id, the
+    same events. It is known by what it reads, and not recorded twice."""
+    nic_stream(store, {"edge1": [[1] * 3] * 3}, segments=2)
+    tail = store.tail(STREAM)
+    [(busy, end)] = [(s, o) for s, o in tail.positions if o > 0]
+    [idle] = [s for s, _ in tail.positions if s != busy]
+
+    def found(idle_at: int, reason: str = "burst") -> SliceRecord:
+        return SliceRecord.create(
+            stream=STREAM,
+            sensor="edge1",
+            start_cut=tail.moved_to({busy: 0, idle: idle_at}),
+            end_cut=tail.moved_to({busy: end, idle: idle_at}),
+            start_time_ns=T0,
+            end_time_ns=T0 + 2 * SECOND,
+            reason=reason,
+            created_by="sluice run bookmark (bookmark)",
+        )
+
+    first, again = found(0), found(7)
+    assert first.slice_id != again.slice_id
+    assert record_slices(store, [first]) == [first]
+    assert record_slices(store, [again]) == []
+    assert list_slices(store, STREAM) == [first]
+    other = found(7, reason="another condition")  # what it reads is the same, its reason not
+    assert record_slices(store, [other]) == [other]
+
+
+def test_slices_create_of_one_window_spelled_otherwise_or_later_records_it_once(
+    store, store_dir, capsys
+):
+    """`sluice slices create` run again: the same window in other words, or after events
+    came in past it, is the same slice (its id), so nothing is recorded twice."""
+    nic_stream(store, {"edge1": [[1] * 3] * 3, "edge2": [[1] * 3] * 3})
+    store.close()
+    create = ["--store", f"embedded:{store_dir}", "slices", "create", STREAM, "--sensor", "edge1"]
+    window = ["--from", "2026-11-01T10:00:01Z", "--to", "2026-11-01T10:00:02Z"]
+    in_other_words = ["--from", "2026-11-01T11:00:01+01:00", "--to", "2026-11-01T10:00:02.0"]
+    assert cli.main([*create, *window]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["status"] == "created"
+    assert cli.main([*create, *in_other_words]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "exists"
+    with open_store(f"embedded:{store_dir}") as later:  # edge1 at 10:00:05, past the window
+        t0 = T0 + 5 * SECOND
+        write_event(later, "edge1", nic_payload("edge1", t0, 10**6, [1] * 3), (t0, t0 + 2 * MS))
+    assert cli.main([*create, *window]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["status"], again["slice_id"]) == ("exists", created["slice_id"])
+    with open_store(f"embedded:{store_dir}") as reopened:
+        assert len(list(reopened.read("sluice/slices"))) == 1
 
 
 def test_a_foreign_event_in_the_slices_stream_is_reported(store):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 
 import pytest
 
 from pipeline import cli
+from pipeline.config import sluice_home
 from pipeline.failpoints import BadFailpoints, Failpoints
 from pipeline.jobs.stream_join import (
     FAILPOINTS,
@@ -100,8 +102,10 @@ def test_sluice_run_join_refuses_other_parameters_on_its_checkpoint(
 def test_a_new_checkpoint_into_a_join_output_that_holds_pairs_is_refused(
     spark, store, store_dir, tmp_path, capsys
 ):
-    """Another checkpoint (or the same path, deleted) would write part-0, part-1... again:
-    pairs replaced, or counted twice beside the earlier run's later parts."""
+    """Another checkpoint, into the output as given, through `..` (its first part not made
+    yet) or a symbolic link, and the default one made again once the home is lost: each would
+    write part-0, part-1... again, pairs replaced, or counted twice beside the earlier run's
+    later parts (measured, through `..`: 146 pairs became 250)."""
     two_series(store)
     out = tmp_path / "joined"
     argv = join_argv(store_dir, out, 4)
@@ -109,13 +113,21 @@ def test_a_new_checkpoint_into_a_join_output_that_holds_pairs_is_refused(
     capsys.readouterr()
     before = {p.name: p.read_bytes() for p in out.glob("part-*")}
     assert len(before) > 1
-    other = tmp_path / "other-checkpoint"
-    assert cli.main([*argv[:-2], "--max-events", "12", "--checkpoint", str(other)]) == 1
-    err = capsys.readouterr().err
-    assert f"join output {out} holds pairs another checkpoint wrote" in err, err
-    assert "Traceback" not in err
+    (tmp_path / "link").symlink_to(out)
+    at = argv.index("--output") + 1
+    for n, spelled in enumerate([out, tmp_path / "not-yet" / ".." / "joined", tmp_path / "link"]):
+        other = ["--max-events", "12", "--checkpoint", str(tmp_path / f"checkpoint-{n}")]
+        assert cli.main([*argv[:at], str(spelled), *argv[at + 1 : -2], *other]) == 1
+        err = capsys.readouterr().err
+        assert f"join output {spelled} holds pairs another checkpoint wrote" in err, err
+        assert "Traceback" not in err
     assert {p.name: p.read_bytes() for p in out.glob("part-*")} == before
     assert cli.main(argv) == 0  # its own checkpoint goes on
+    assert parts(out).equals(expected_final(store, spec_for(store_dir, out)))
+    capsys.readouterr()
+    shutil.rmtree(sluice_home() / "checkpoints")
+    assert cli.main(argv) == 1
+    assert f"join output {out} holds pairs another checkpoint wrote" in capsys.readouterr().err
     assert parts(out).equals(expected_final(store, spec_for(store_dir, out)))
 
 

@@ -237,8 +237,10 @@ def output_directory(
 
 
 def claim_output(output_dir: Path, run_id: str) -> None:
-    """Refuse a directory that holds another replay's lineage (`OutputInUse`)."""
-    existing = output_dir / "lineage.json"
+    """Refuse a directory that holds another replay's lineage (`OutputInUse`), however it
+    is spelled: a symbolic link to it, or a path through `..` whose first part does not
+    exist yet (`other/../out`, where `out/lineage.json` is not found unresolved)."""
+    existing = output_dir.resolve() / "lineage.json"
     if not existing.exists():
         return
     try:

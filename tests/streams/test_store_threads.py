@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,54 +18,11 @@ import pytest
 
 from pipeline.streams import StoreUnavailable, StreamNotFound, TxnFailed
 from pipeline.streams.embedded.transactions import EmbeddedTransaction
+from tests.streams.racing import Held, Run
 
 STREAM = "threads/s"
 EVENT = 1000
 PER_BLOCK = 600  # two blocks of ~600 KB: two runs of a read (`reading.RUN_BYTES`)
-WAIT_S = 30
-
-
-class Held:
-    """`os.<name>` patched so that its first call from a thread other than the main one waits,
-    its arguments (the descriptor) already evaluated, until `release()`."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-        self.arrived, self._go = threading.Event(), threading.Event()
-        real: Callable = getattr(os, name)
-        main = threading.main_thread()
-
-        def held(*args, **kwargs):
-            if threading.current_thread() is not main and not self.arrived.is_set():
-                self.arrived.set()
-                assert self._go.wait(WAIT_S)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(os, name, held)
-
-    def wait(self) -> None:
-        assert self.arrived.wait(WAIT_S), "the other thread never reached its system call"
-
-    def release(self) -> None:
-        self._go.set()
-
-
-class Run(threading.Thread):
-    """`work()` on a thread; `outcome()` is what it returned or raised."""
-
-    def __init__(self, work: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self.work, self.result, self.error = work, None, None
-
-    def run(self) -> None:
-        try:
-            self.result = self.work()
-        except BaseException as exc:
-            self.error = exc
-
-    def outcome(self) -> tuple[object, BaseException | None]:
-        self.join(WAIT_S)
-        assert not self.is_alive()
-        return self.result, self.error
 
 
 def write_two_blocks(store) -> list[bytes]:
@@ -93,7 +49,11 @@ def raced(
     let the worker go. The decoy is left untouched; the worker's error, if any."""
     worker.start()
     held.wait()
-    meanwhile()
+    try:
+        meanwhile()
+    except BaseException:
+        held.release()  # not left waiting into the next test
+        raise
     path = tmp_path / "decoy.bin"
     path.write_bytes(bytes(2 << 20))
     fd = os.open(path, os.O_RDWR)
@@ -173,16 +133,26 @@ def test_a_read_that_starts_after_the_delete_creates_no_file(store, store_dir):
     assert segment_files(store_dir) == []
 
 
-def test_an_append_raced_by_a_delete_never_writes_into_another_file(
+def test_an_append_in_flight_lands_before_a_delete_on_another_thread(
     store, store_dir, tmp_path, monkeypatch
 ):
+    """The seal before the delete waits for the append (it takes the segment's lock), so the
+    append finishes on its own file, and the delete then removes it."""
     store.create_stream(STREAM)
     held = Held(monkeypatch, "pwritev")
     writer = store.writer(STREAM)
     writer.write(b"in flight".ljust(EVENT, b"x"), routing_key="k")
+    deleting = Run(lambda: delete(store))
+
+    def meanwhile() -> None:
+        deleting.start()
+        deleting.join(0.2)
+        assert deleting.is_alive(), "the seal did not wait for the append in flight"
+
     # held once the writer checked, under the segment's lock, that it may append
-    error = raced(held, Run(writer.flush), tmp_path, lambda: delete(store))
-    assert error is None or isinstance(error, StreamNotFound), error
+    error = raced(held, Run(writer.flush), tmp_path, meanwhile)
+    assert error is None, error
+    assert deleting.outcome() == (None, None)
     assert segment_files(store_dir) == [], "unlocking did not create the file again"
     assert open_deleted_files() == []
     with pytest.raises(StreamNotFound):

@@ -3,7 +3,8 @@
 A scale seals some segments and creates successors that cover exactly the same key range;
 `segment_predecessors` records who came from whom. Per-key order holds because:
 - appends: a writer checks, under the segment's lock, that the segment is not sealed, and
-  re-routes its events to the successors if it is (the seal itself takes the same locks);
+  re-routes its events to the successors if it is (the seal itself takes the same locks, as
+  does sealing the whole stream: `active_segments_locked`);
 - transactions: a transaction whose events were routed to a segment sealed since is rebased
   onto the successors when it commits (its events re-routed by key, before it is `committing`);
 - reads: successors have higher numbers and bounded reads go in ascending segment order; reader
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from pipeline.streams.embedded.engine import Engine
@@ -77,6 +79,21 @@ def scale(
                 ],
             )
     return created
+
+
+@contextmanager
+def active_segments_locked(engine: Engine, row: StreamRow) -> Iterator[list[int]]:
+    """Hold the locks of the stream's active segments, taken in segment order as a scale takes
+    them: no append or commit lands in the stream meanwhile. The active segments are listed
+    again under the locks, and the locks taken again, until no scale replaced some between."""
+    while True:
+        active = [seg for seg, _, _ in engine.segments(row, active_only=True)]
+        with ExitStack() as locks:
+            for seg in active:
+                locks.enter_context(engine.segment_file(row, seg).locked())
+            if [seg for seg, _, _ in engine.segments(row, active_only=True)] == active:
+                yield active
+                return
 
 
 def _check_cover(

@@ -23,7 +23,7 @@ from pipeline.streams.embedded.index import StreamRow
 from pipeline.streams.embedded.readers import EmbeddedReaderGroup
 from pipeline.streams.embedded.reading import read_batches
 from pipeline.streams.embedded.routing import key_position
-from pipeline.streams.embedded.transactions import EmbeddedTransaction
+from pipeline.streams.embedded.transactions import EmbeddedTransaction, unsettled
 from pipeline.streams.embedded.writer import EmbeddedWriter
 from pipeline.streams.errors import InvalidCut, StoreUnavailable, StreamNotSealed
 from pipeline.streams.names import check_name, parse_stream
@@ -138,10 +138,26 @@ class EmbeddedStore(StreamStore):
         return self._engine.lookup(scope, name) is not None
 
     def seal_stream(self, stream: str) -> None:
-        row = self._engine.stream_row(stream)
-        with self._engine.changing(row) as db:
-            db.execute("UPDATE streams SET sealed=1 WHERE id=?", (row.id,))
-            db.execute("UPDATE segments SET sealed=1 WHERE stream_id=?", (row.id,))
+        """Seal the stream: once this returns, no event is ever added to it (as in Pravega).
+
+        The catalog changes under the locks of the active segments (as a scale's does), so an
+        append or a one-segment commit in flight lands first. A transaction whose commit was
+        decided is settled first (rolled forward if `committing`, from any process), so a reader
+        that reads to the end of the sealed stream sees all it will ever hold; its error (a
+        damaged segment or body) refuses the seal. Open transactions stay open; their commit
+        raises `StreamSealed`, and they can be aborted."""
+        engine = self._engine
+        row = engine.stream_row(stream)
+        while True:
+            with scaling.active_segments_locked(engine, row):
+                waiting = unsettled(engine, row)  # none can start while we hold the locks
+                if not waiting:
+                    with engine.changing(row) as db:
+                        db.execute("UPDATE streams SET sealed=1 WHERE id=?", (row.id,))
+                        db.execute("UPDATE segments SET sealed=1 WHERE stream_id=?", (row.id,))
+                    return
+            for txn_id in waiting:  # outside the locks: landing takes them
+                EmbeddedTransaction.lookup(engine, row, txn_id).settle()
 
     def delete_stream(self, stream: str) -> None:
         engine = self._engine

@@ -11,9 +11,10 @@ reader sees all of them or none. A one-segment commit appends its block straight
 (and its flushed body): the block is the commit, and whoever finds it commits the transaction
 in the catalog (`index.commit_landed`); one that died before its block was whole goes back to
 `open`. A commit over several segments records them all `committing` first and is rolled
-forward by the next `commit()` on the same id, from any process. What a transaction is on disk
-(its catalog rows, its body files): `txn_record.py`. How each step is made durable, and why
-each crash point is safe: FORMAT.md ("Transactions").
+forward by the next `commit()` on the same id, from any process, or by sealing the stream
+(which settles every decided commit first: nothing lands after it). What a transaction is on
+disk (its catalog rows, its body files): `txn_record.py`. How each step is made durable, and
+why each crash point is safe: FORMAT.md ("Transactions").
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ from pipeline.streams.embedded.segment import SegmentFile
 from pipeline.streams.embedded.txn_record import BodyRow, TxnRecord
 from pipeline.streams.errors import SegmentDamaged, TxnFailed
 from pipeline.streams.values import TxnState, check_lease, check_time_bounds
+
+
+def unsettled(engine: Engine, row: StreamRow) -> list[str]:
+    """The stream's transactions whose commit was decided and may still add a block to it:
+    `committing` with a segment not done, or `landing` (`EmbeddedTransaction.settle`)."""
+    return [
+        txn_id
+        for (txn_id,) in engine.catalog.query(
+            "SELECT txn_id FROM txns t WHERE stream_id=? AND (state='landing' OR"
+            " (state='committing' AND EXISTS (SELECT 1 FROM txn_segments ts"
+            " WHERE ts.txn_id=t.txn_id AND ts.done=0)))",
+            (row.id,),
+        )
+    ]
 
 
 class EmbeddedTransaction(TxnRecord, Transaction):
@@ -464,6 +479,14 @@ class EmbeddedTransaction(TxnRecord, Transaction):
             " ON d.stream_id=? AND d.segment=ts.segment WHERE ts.txn_id=? LIMIT 1",
             (self.row.id, self.txn_id),
         ).fetchone()
+
+    def settle(self) -> None:
+        """Finish what a commit decided, as sealing the stream needs first: a `committing`
+        transaction is rolled forward; a `landing` one left by a committer that died becomes
+        committed if its block landed, else open again (`_settled_state`): never committed
+        by anyone but its committer."""
+        if self._settled_state() == "committing":
+            self._roll_forward()
 
     def _roll_forward(self) -> None:
         """Land what is not landed yet (all of it after a crash), then record `committed`."""

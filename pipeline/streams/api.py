@@ -197,7 +197,9 @@ class StreamStore(ABC):
     def info(self, stream: str) -> StreamInfo: ...
 
     @abstractmethod
-    def seal_stream(self, stream: str) -> None: ...
+    def seal_stream(self, stream: str) -> None:
+        """Seal the stream: once this returns, no event is ever added to it (appends and
+        commits in flight land before; open transactions can no longer commit)."""
 
     @abstractmethod
     def delete_stream(self, stream: str) -> None: ...

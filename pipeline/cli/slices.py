@@ -62,6 +62,7 @@ def _run_slices_create(args: argparse.Namespace) -> int:
         SliceExtent,
         parse_time_ns,
         record_slices,
+        recorded_as,
         time_window_slice,
     )
     from pipeline.streams import open_store
@@ -75,6 +76,8 @@ def _run_slices_create(args: argparse.Namespace) -> int:
         if extent.events == 0 and not args.allow_empty:
             raise EmptySlice(record)
         written = record_slices(store, [record], args.slices_stream)
+        if not written:  # the one recorded, by its id or by what it reads (`content_key`)
+            record = recorded_as(store, record, args.slices_stream)
     status = "created" if written else "exists"
     print(json.dumps({"status": status, **_row(record, extent)}))
     return 0

@@ -324,6 +324,17 @@ def list_slices(
     return list(seen.values())
 
 
+def recorded_as(
+    store: StreamStore, record: SliceRecord, slices_stream: str = DEFAULT_SLICES_STREAM
+) -> SliceRecord:
+    """The recorded slice that `record_slices` took `record` for (the same id, or the same
+    `content_key`): the one replays find. `record` itself if none is recorded."""
+    for known in list_slices(store, record.stream, slices_stream):
+        if known.slice_id == record.slice_id or known.content_key == record.content_key:
+            return known
+    return record
+
+
 def find_slice(
     store: StreamStore, slice_id: str, slices_stream: str = DEFAULT_SLICES_STREAM
 ) -> SliceRecord:

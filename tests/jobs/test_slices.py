@@ -18,6 +18,7 @@ from pipeline.jobs.slices import (
     list_slices,
     parse_time_ns,
     record_slices,
+    recorded_as,
     time_window_slice,
 )
 from pipeline.streams import open_store
@@ -78,6 +79,7 @@ def test_the_same_slice_with_its_idle_segments_elsewhere_is_recorded_once(store)
     assert record_slices(store, [first]) == [first]
     assert record_slices(store, [again]) == []
     assert list_slices(store, STREAM) == [first]
+    assert recorded_as(store, again) == first  # what `slices create` prints: the one replayed
     other = found(7, reason="another condition")  # what it reads is the same, its reason not
     assert record_slices(store, [other]) == [other]
 

@@ -80,15 +80,20 @@ def test_one_output_directory_has_one_checkpoint(
 ):
     """A second checkpoint into a directory that holds files: the same directory under
     another name (a symbolic link), or an export of another stream. Its batches published
-    files of the same names: rows counted twice, or the first export's rows replaced."""
+    files of the same names: rows counted twice, or the first export's rows replaced. (The
+    same export through the link, with its default checkpoint, is the same job: it goes on
+    from the first one's checkpoint.)"""
     real = tmp_path / "real"
-    run_export(capsys, network, real, "--max-events", "15")
+    first = run_export(capsys, network, real, "--max-events", "15")
     argv = ["--store", f"embedded:{network.store_dir}", "run", "export"]
     argv += ["--schema", "NetworkSamples", "--max-events", "100"]
     if second == "a link to it":
         link = tmp_path / "link"
         link.symlink_to(real)
+        again = run_export(capsys, network, link)
+        assert (again["checkpoint"], again["events"]) == (first["checkpoint"], 0)
         argv += ["--stream", "edge/network", "--output", str(link)]
+        argv += ["--checkpoint", str(tmp_path / "another")]
         target = link
     else:
         network.store.create_stream("edge/other", segments=2)

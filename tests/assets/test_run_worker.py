@@ -167,9 +167,11 @@ def test_a_caller_stopped_while_its_worker_starts_stops_the_worker(home, tmp_pat
     script = (
         "import signal, sys\n"
         "from pathlib import Path\n"
-        "from assets.run_worker import start_worker\n"
+        "from assets.run_worker import start_worker, stop_worker\n"
         "signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))\n"
-        f"start_worker(Path({str(home)!r}), Path({str(tmp_path / 'worker.log')!r}))\n"
+        f"proc = start_worker(Path({str(home)!r}), Path({str(tmp_path / 'worker.log')!r}))\n"
+        # as the demo holds it: the socket may appear between the test's look and its SIGTERM
+        "try:\n    signal.pause()\nfinally:\n    stop_worker(proc)\n"
     )
     caller = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
     try:

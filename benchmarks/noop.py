@@ -8,8 +8,9 @@ export` bring every checkpoint to the tail. Then each contender runs again with 
 each in a new process, as a scheduler starts them, in alternating order:
 
 1. `sluice run export` (the `--available-now` default): the shortcut;
-2. the same command through Spark: `runner.caught_up` answered "not caught up", which is how
-   every run went before the shortcut (the JVM starts, the query plans no batch, stops);
+2. the same command through Spark: `runner._standing` does not say where the checkpoint
+   stands, which is how every run went before the shortcut (the JVM starts, the query plans
+   no batch, stops; checked: that process imported pyspark);
 3. the Dagster catch-up job (`catch_up_network`, in process on an ephemeral instance);
 4. the same job through Spark.
 
@@ -40,7 +41,7 @@ started = time.perf_counter()
 what, through_spark, argv = sys.argv[1], sys.argv[2] == "spark", json.loads(sys.argv[3])
 if through_spark:
     import pipeline.jobs.runner as runner
-    runner.caught_up = lambda *args, **kwargs: None  # every run before the shortcut
+    runner._standing = lambda *args, **kwargs: None  # unknown: every run before the shortcut
 if what == "command":
     import contextlib, io
     from pipeline.cli import main
@@ -166,8 +167,9 @@ def check(runs: dict[tuple[str, str], list[dict]]) -> None:
             if not idle:
                 msg = f"{what} ({mode}) found something to do: {run}"
                 raise SystemExit(msg)
-            if mode == "shortcut" and run["pyspark"]:
-                msg = f"{what} ({mode}) imported pyspark"
+            if run["pyspark"] != (mode == "spark"):  # the peer must really go through Spark
+                did = "imported" if run["pyspark"] else "did not import"
+                msg = f"{what} ({mode}) {did} pyspark"
                 raise SystemExit(msg)
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from pipeline import durable
 from pipeline.config import sluice_home
 from pipeline.errors import SluiceError
+from pipeline.jobs import output_claim
 from pipeline.jobs.checkpoint import (
     Checkpoint,
     JobIdentity,
@@ -401,6 +402,7 @@ def export(
         checkpoint.note_start(run.starting)
         check_output_kept(output, checkpoint.root, spec.formats)
         check_output_free(spec, output, checkpoint.root)
+        output_claim.claim("export", output, checkpoint.root)
         keep_schema(plan, checkpoint.root)
         record_export(spec)
         # Range rows: each task reads its range from the store and flattens it itself.

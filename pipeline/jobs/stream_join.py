@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.failpoints import Failpoints
+from pipeline.jobs import output_claim
 from pipeline.jobs.checkpoint import Checkpoint, JobIdentity, default_checkpoint
 from pipeline.jobs.runner import (
     SERVICE,
@@ -180,15 +181,18 @@ def claim_output(root: Path, spec: StreamJoinSpec) -> None:
     """Make the join state under `root` the one that writes `spec.output`: refused
     (`JoinOutputTaken`) when the state is new and the output already holds parts, whoever
     wrote them (another checkpoint, one since lost) and however the output is spelled (a
-    symbolic link to it, a path through `..` whose first part does not exist yet). Recording
-    the parameters marks the state as begun, before its first part is written."""
-    if (root / "parameters.json").exists() or any(root.glob("state-*")):
-        return
-    here = spec.output.resolve()  # `other/../out` before `other` exists: its parts are out's
-    found = next(iter(sorted(here.glob("part-*.parquet"))), None)
-    if found is not None:
-        raise JoinOutputTaken(spec.output, root.parent, found)
-    durable.write_json(root / "parameters.json", asdict(JoinParameters.of(spec)))
+    symbolic link to it, a path through `..` whose first part does not exist yet), or
+    `OutputClaimed` when another checkpoint claimed the output before writing any part.
+    Recording the parameters marks the state as begun, before its first part is written."""
+    begun = (root / "parameters.json").exists() or any(root.glob("state-*"))
+    if not begun:
+        here = spec.output.resolve()  # `other/../out` before `other` exists: its parts are out's
+        found = next(iter(sorted(here.glob("part-*.parquet"))), None)
+        if found is not None:
+            raise JoinOutputTaken(spec.output, root.parent, found)
+    output_claim.claim("join", spec.output, root.parent)
+    if not begun:
+        durable.write_json(root / "parameters.json", asdict(JoinParameters.of(spec)))
 
 
 class JoinParametersChanged(SluiceError, ValueError):

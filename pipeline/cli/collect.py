@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the service's log level (default: INFO, or what sluice -v/-q says)",
     )
     collect.set_defaults(func=_run)
-    actions = collect.add_subparsers(dest="collect_action", metavar="ACTION")
+    # optional: without one, `sluice collect` runs the collectors
+    actions = collect.add_subparsers(dest="collect_action", metavar="[ACTION]")
     status = actions.add_parser("status", help="buffer depth, last committed sample, lag, errors")
     _config_option(status, argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="print JSON instead of text")

@@ -144,9 +144,24 @@ def _shutdown(instances: list[Instance], drain_timeout: float, request: StopRequ
                 "transaction records make this as safe as a crash)",
                 instance.settings.name,
             )
+            _close_once_idle(instance)
             continue
         _report_left(instance, request.reason)
         instance.close()
+
+
+def _close_once_idle(instance: Instance) -> None:
+    """Close an instance left busy once its threads end, in a daemon thread: a process that
+    exits releases its buffers and lock itself, but one that goes on (a service run in
+    another program's process) held the lock, and a next run was refused the buffer."""
+
+    def close() -> None:
+        while instance.sender_running or instance.driver_running:
+            time.sleep(_POLL)
+        instance.close()
+
+    name = f"{instance.settings.name}-closer"
+    threading.Thread(target=close, name=name, daemon=True).start()
 
 
 def _wait(done: Callable[[], bool], until: float, hurry: threading.Event) -> None:

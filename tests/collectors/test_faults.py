@@ -113,6 +113,26 @@ def test_a_buffer_of_another_instance_is_refused_naming_both(make_config, tmp_pa
     assert read_payloads(store_dir, "t/h2") == []
 
 
+def test_a_service_left_busy_past_its_drain_timeout_lets_its_buffer_go_once_idle(make_config):
+    """Its sender was still in a store call at the deadline: the service returned (as a
+    process exits), and the instance kept its buffer's lock in this process for good, so the
+    next start here was refused as another running collector (a flaky test before)."""
+    release = threading.Event()
+
+    def stuck(uri: str):
+        release.wait(30)  # past the drain timeout
+        raise StoreUnavailable(uri, "switched off by the test")
+
+    config = make_config(
+        {"g": generator(max_samples=36, samples_per_event=1)}, drain_timeout_seconds=1
+    )
+    run_service(config, Failpoints(), store_opener=stuck, install_signals=False)
+    release.set()
+    # the same instance starts again here: it gets the buffer once the sender has ended
+    run_service(config, Failpoints(), store_opener=unreachable, install_signals=False)
+    assert Buffer(config.instances[0].buffer_file, 100).depth() == 36
+
+
 def test_the_same_instance_pointed_at_another_stream_keeps_its_buffer(make_config, tmp_path):
     buffer_file = buffer_36_unsent(make_config, tmp_path)
     config = make_config({"g": generator("t/h2")})

@@ -14,7 +14,6 @@ import os
 import sqlite3
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -280,16 +279,6 @@ def why_without_tables(path: Path) -> str:
     )
 
 
-def _close_cleanly(conn: sqlite3.Connection, path: Path) -> None:
-    """Close a `BufferFile`'s connection, first noting that it closed cleanly; a disk that
-    refuses the note leaves "open" with the log still there, which is as good."""
-    try:
-        _set_wal_state(conn, "closed")
-    except sqlite3.Error as exc:
-        log.warning("%s: cannot note a clean close: %s", path.name, exc)
-    conn.close()
-
-
 class WriteTurns:
     """First come, first served turns at the buffer's write lock.
 
@@ -344,15 +333,16 @@ class BufferFile:
         except sqlite3.DatabaseError as exc:
             self.conn.close()
             raise refusal(path, exc) from None
-        # dropped without `close` (garbage collected, or at exit), it closes as `close` does:
-        # its connection, the last, moves the log into the file and deletes it, and "open"
-        # left without a log would be taken for a lost log by the next collector
-        self._closing = weakref.finalize(self, _close_cleanly, self.conn, path)
         self._wal_to_truncate = False
 
     def close(self) -> None:
-        """Close the connection, first noting that it closed cleanly (`WAL_STATE`)."""
-        self._closing()
+        """Close the connection, first noting that it closed cleanly (`WAL_STATE`); a disk
+        that refuses the note leaves "open" with the log still there, which is as good."""
+        try:
+            _set_wal_state(self.conn, "closed")
+        except sqlite3.Error as exc:
+            log.warning("%s: cannot note a clean close: %s", self.path.name, exc)
+        self.conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.buffer import Buffer
 from collectors.settings import CollectorSettings, load_settings
 from pipeline.failpoints import Failpoints
 
@@ -155,6 +156,19 @@ def wait_for(
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout} s" + (f": {explain()}" if explain else ""))
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def buffer_at(path: Path, capacity: int = 100) -> Iterator[Buffer]:
+    """A buffer opened to look into, closed again on leaving. One left to the garbage
+    collector closes whenever a collection runs: if the collector has stopped, its connection
+    is the file's last, SQLite deletes the log then, and the next start finds the buffer
+    marked open without its log and refuses it as damaged (a flaky test, twice)."""
+    buffer = Buffer(path, capacity)
+    try:
+        yield buffer
+    finally:
+        buffer.close()
 
 
 def read_payloads(store_dir: Path, stream: str) -> list[dict]:

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from collectors.buffer import Buffer
 from collectors.errors import (
     BufferNotWritable,
     BufferOwned,
@@ -26,7 +25,7 @@ from pipeline.failpoints import Failpoints
 from pipeline.streams import StoreUnavailable
 from tests.disks import small_disk
 
-from .conftest import read_payloads, run_cli, wait_for
+from .conftest import buffer_at, read_payloads, run_cli, wait_for
 from .test_files import counters, csv_file, files_config, rows_in, settle
 
 
@@ -45,7 +44,8 @@ def buffer_36_unsent(make_config, tmp_path):
     )
     run_service(config, Failpoints(), store_opener=unreachable, install_signals=False)
     buffer_file = config.instances[0].buffer_file
-    assert Buffer(buffer_file, 100).depth() == 36
+    with buffer_at(buffer_file) as buffer:
+        assert buffer.depth() == 36
     return buffer_file
 
 
@@ -107,9 +107,9 @@ def test_a_buffer_of_another_instance_is_refused_naming_both(make_config, tmp_pa
     )
     with pytest.raises(BufferOwned, match=re.escape(expected)):
         run_service(config, Failpoints(), install_signals=False)
-    buffer = Buffer(buffer_file, 100)
-    assert buffer.depth() == 36
-    assert (buffer.meta()["instance"], buffer.meta()["stream"]) == ("g", "t/h1")
+    with buffer_at(buffer_file) as buffer:
+        assert buffer.depth() == 36
+        assert (buffer.meta()["instance"], buffer.meta()["stream"]) == ("g", "t/h1")
     assert read_payloads(store_dir, "t/h2") == []
 
 
@@ -130,7 +130,8 @@ def test_a_service_left_busy_past_its_drain_timeout_lets_its_buffer_go_once_idle
     release.set()
     # the same instance starts again here: it gets the buffer once the sender has ended
     run_service(config, Failpoints(), store_opener=unreachable, install_signals=False)
-    assert Buffer(config.instances[0].buffer_file, 100).depth() == 36
+    with buffer_at(config.instances[0].buffer_file) as buffer:
+        assert buffer.depth() == 36
 
 
 def test_the_same_instance_pointed_at_another_stream_keeps_its_buffer(make_config, tmp_path):
@@ -138,7 +139,8 @@ def test_the_same_instance_pointed_at_another_stream_keeps_its_buffer(make_confi
     config = make_config({"g": generator("t/h2")})
     with pytest.raises(BufferOwned, match=re.escape("belongs to instance g (stream t/h1)")):
         run_service(config, Failpoints(), install_signals=False)
-    assert Buffer(buffer_file, 100).depth() == 36
+    with buffer_at(buffer_file) as buffer:
+        assert buffer.depth() == 36
 
 
 def test_an_empty_buffer_moves_with_its_instance_to_another_stream(make_config, store_dir):
@@ -147,7 +149,8 @@ def test_an_empty_buffer_moves_with_its_instance_to_another_stream(make_config, 
     moved = make_config({"g": generator("t/h2", max_samples=8, samples_per_event=1)})
     run_service(moved, Failpoints(), install_signals=False)
     assert [p["Sequence"] for p in read_payloads(store_dir, "t/h2")] == [[5], [6], [7]]
-    assert Buffer(config.instances[0].buffer_file, 10).meta()["stream"] == "t/h2"
+    with buffer_at(config.instances[0].buffer_file) as buffer:
+        assert buffer.meta()["stream"] == "t/h2"
 
 
 def test_an_mqtt_password_of_the_wrong_type_is_never_printed(write_config):
@@ -272,7 +275,8 @@ def test_a_stop_request_interrupts_the_ingestion_of_a_large_file(make_config, di
     stop.set()
     thread.join(30)
     assert not thread.is_alive()
-    first = len(rows_in(store_dir)) + Buffer(config.instances[0].buffer_file, 10).depth() * 10
+    with buffer_at(config.instances[0].buffer_file) as buffer:
+        first = len(rows_in(store_dir)) + buffer.depth() * 10
     assert first < 60_000  # it stopped part-way
     again = threading.Event()
     rerun = threading.Thread(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -332,7 +333,11 @@ def main() -> None:
     contenders = (("sluice", sluice), ("duckdb", duck), ("spark-json", spark_json))
     times: dict[str, list[float]] = {label: [] for label, _ in contenders}
     for attempt in range(args.repeat):  # rounds, so a busy moment does not favour anyone
-        for label, run in contenders:
+        # in turns, the order reversed every other round, each after the pages the one before
+        # wrote are on disk (DuckDB's and Spark's are written back only later, and that
+        # writeback slowed whichever ran next: see benchmarks/README.md)
+        for label, run in contenders if attempt % 2 == 0 else contenders[::-1]:
+            os.sync()
             times[label].append(timed(label, run, attempt, total))
     results = {}
     for label, _ in contenders:

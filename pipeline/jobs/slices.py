@@ -329,10 +329,23 @@ def recorded_as(
 ) -> SliceRecord:
     """The recorded slice that `record_slices` took `record` for (the same id, or the same
     `content_key`): the one replays find. `record` itself if none is recorded."""
-    for known in list_slices(store, record.stream, slices_stream):
-        if known.slice_id == record.slice_id or known.content_key == record.content_key:
-            return known
-    return record
+    found = _known(_by_identity(list_slices(store, record.stream, slices_stream)), record)
+    return record if found is None else found
+
+
+def _by_identity(records: list[SliceRecord]) -> dict[str | tuple, SliceRecord]:
+    """Records by what a slice is known by: its id (text) and its `content_key` (a tuple),
+    the first one recorded for each."""
+    index: dict[str | tuple, SliceRecord] = {}
+    for record in records:
+        index.setdefault(record.slice_id, record)
+        index.setdefault(record.content_key, record)
+    return index
+
+
+def _known(index: dict[str | tuple, SliceRecord], record: SliceRecord) -> SliceRecord | None:
+    """The record of `index` that `record` is: the same id, or the same `content_key`."""
+    return index.get(record.slice_id) or index.get(record.content_key)
 
 
 def find_slice(
@@ -370,14 +383,11 @@ def record_slices(
     for record in records:
         check_cuts(record)
     store.create_stream(slices_stream)
-    recorded = list_slices(store, None, slices_stream)
-    known = {r.slice_id for r in recorded}
-    contents = {r.content_key for r in recorded}
+    known = _by_identity(list_slices(store, None, slices_stream))
     new: list[SliceRecord] = []
     for record in records:
-        if record.slice_id not in known and record.content_key not in contents:
-            known.add(record.slice_id)
-            contents.add(record.content_key)
+        if _known(known, record) is None:
+            known |= _by_identity([record])
             new.append(record)
     if not new:
         return []

@@ -133,14 +133,18 @@ def write_config(work: Path, name: str, instance: str) -> Path:
     return path
 
 
-def bench_nic(work: Path, interface: str, seconds: float, priority: int) -> tuple[dict, dict]:
+def bench_nic(
+    work: Path, interface: str, seconds: float, priority: int, slice_us: int | None
+) -> tuple[dict, dict]:
     """`sluice collect` with one NIC instance at 1000 samples/s (1000 samples per event) into an
     embedded store, run as its own process for `seconds` after a warm-up, and read back from
     the stream: achieved rate, sample-interval jitter (|interval - 1 ms|, p50/p99/max), the
     share of intervals within ±1 ms, and the CPU use (user + system) of the collector and its
     sampling process, from /proc. Beside it, in the same run and for as long: a bare Python
     loop reading the same counters at 1 kHz with the same absolute-deadline sleep and nothing
-    else (no JSON, no buffer, no store), the floor for sampling from Python."""
+    else (no JSON, no buffer, no store), the floor for sampling from Python. `slice_us` is the
+    collector's `sampler_slice_us` (None: its default); the bare loop keeps the kernel's slice."""
+    slice_line = "" if slice_us is None else f"sampler_slice_us = {slice_us}"
     store_dir = work / "net1-streams"
     config = write_config(
         work,
@@ -152,6 +156,7 @@ def bench_nic(work: Path, interface: str, seconds: float, priority: int) -> tupl
         samples_per_sec = 1000
         samples_per_event = 1000
         realtime_priority = {priority}
+        {slice_line}
         """,
     )
     process = subprocess.Popen(
@@ -277,6 +282,11 @@ def main() -> None:
         help="SCHED_FIFO priority of the sampling thread (collector and bare loop alike)",
     )
     parser.add_argument(
+        "--sampler-slice-us",
+        type=int,
+        help="the collector's nic.sampler_slice_us (default: the driver's; 0: the kernel's)",
+    )
+    parser.add_argument(
         "--interface", default="eth0" if Path("/sys/class/net/eth0").exists() else "lo"
     )
     parser.add_argument(
@@ -287,7 +297,11 @@ def main() -> None:
     )
     Recorder.add_option(parser)
     args = parser.parse_args()
-    recorder = Recorder(__file__, __doc__, variant="load" if args.load else None)
+    variant = "-".join(
+        ["load"] * bool(args.load)
+        + ([f"slice{args.sampler_slice_us}"] if args.sampler_slice_us is not None else [])
+    )
+    recorder = Recorder(__file__, __doc__, variant=variant or None)
     # Goals: >= 99.9% of intervals within ±1 ms and < 10% of a core for the NIC;
     # >= 1,000,000 samples/s for the generator.
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-collectors-"))
@@ -295,11 +309,16 @@ def main() -> None:
         if args.which in ("nic", "all"):
             with Load(args.load):
                 collector, peer = bench_nic(
-                    work, args.interface, args.seconds, args.realtime_priority
+                    work,
+                    args.interface,
+                    args.seconds,
+                    args.realtime_priority,
+                    args.sampler_slice_us,
                 )
             print(
                 f"NIC {args.interface} at 1000 samples/s for {args.seconds:.0f} s, sampling "
-                f"thread priority: {args.realtime_priority or 'normal'}, "
+                f"thread priority: {args.realtime_priority or 'normal'}, sampler slice: "
+                f"{slice_shown(args.sampler_slice_us)}, "
                 f"{args.load} CPU-spinning processes beside it "
                 f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
             )
@@ -344,6 +363,12 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def slice_shown(slice_us: int | None) -> str:
+    if slice_us is None:
+        return "the driver's default"
+    return "the kernel's default" if slice_us == 0 else f"{slice_us} µs"
+
+
 def result_figures(args: argparse.Namespace, nic: tuple | None, generator: tuple | None) -> list:
     """The figures of `--write-results`: each (collector, peer) pair of rows measured."""
     figures = []
@@ -351,6 +376,8 @@ def result_figures(args: argparse.Namespace, nic: tuple | None, generator: tuple
         what = f"NIC {args.interface} at 1000 samples/s, {args.seconds:.0f} s"
         if args.load:
             what += f", {args.load} CPU-spinning processes beside it"
+        if args.sampler_slice_us is not None:
+            what += f", sampler slice {slice_shown(args.sampler_slice_us)}"
         bare = "bare loop"
         for label, key, unit, goal in (
             ("CPU", "cpu_pct", "% of a core", "< 10"),
@@ -358,6 +385,7 @@ def result_figures(args: argparse.Namespace, nic: tuple | None, generator: tuple
             ("jitter p99", "jitter_p99_ms", "ms", ""),
             ("jitter max", "jitter_max_ms", "ms", ""),
             ("intervals within ±1 ms", "within_1ms_pct", "%", ">= 99.9"),
+            ("samples taken (ticks skipped after a stall lower it)", "rate_per_s", "/s", ""),
         ):
             figures.append(Figure(f"{what}, {label}", unit, nic[0][key], nic[1][key], bare, goal))
     if generator is not None:

@@ -1,13 +1,15 @@
 """The NIC driver's sampling process: reads counters on a monotonic schedule, nothing else.
 
-    python -m collectors.nic_sampler RATE PRIORITY PATH [PATH ...]
+    python -m collectors.nic_sampler RATE PRIORITY SLICE_US PATH [PATH ...]
 
 Its own small process (standard library only), so nothing the collector does can delay a
-wake-up. Each sample goes to stdout as a little-endian record: int64 wall-clock nanoseconds,
-then one uint64 per counter (the kernel's counters are unsigned 64-bit); a time of -1 carries
-the number of ticks missed after a stall. An unreadable counter (missing, empty, not a whole
-number from 0 to 2**64 - 1): the reason on stderr, exit status 3 (4: SCHED_FIFO not
-permitted). It dies with its parent (PR_SET_PDEATHSIG), and on a closed pipe.
+wake-up. At normal priority (PRIORITY 0) it asks the scheduler for a time slice of SLICE_US
+microseconds (0: the kernel's default); see `request_slice`. Each sample goes to stdout as a
+little-endian record: int64 wall-clock nanoseconds, then one uint64 per counter (the kernel's
+counters are unsigned 64-bit); a time of -1 carries the number of ticks missed after a stall.
+An unreadable counter (missing, empty, not a whole number from 0 to 2**64 - 1): the reason on
+stderr, exit status 3 (4: SCHED_FIFO not permitted). It dies with its parent
+(PR_SET_PDEATHSIG), and on a closed pipe.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ EXIT_UNREADABLE = 3
 EXIT_NO_PRIORITY = 4
 WRITE_EVERY = 25  # records per write: the driver wakes 40 times a second at 1 kHz, not 1000
 MISSED = -1
+#: sched_setattr(2) by machine (the os module has no wrapper for it).
+_SCHED_SETATTR = {"x86_64": 314, "i686": 351, "aarch64": 274, "riscv64": 274, "armv7l": 380}
+_SCHED_ATTR = struct.Struct("<IIQiIQQQ")  # struct sched_attr, version 0 (48 bytes)
+_SCHED_FLAG_KEEP_POLICY = 0x08
 COUNTER_LIMIT = 1 << 64  # sysfs counters are u64 (32-bit ones wrap earlier, and are kept as read)
 _LONGEST_TEXT = 64  # a u64 is 20 digits; more than this is not a counter
 _PR_SET_PDEATHSIG = 1
@@ -58,9 +64,34 @@ def _die_with_parent() -> None:
         pass  # not Linux: the closed pipe still ends us
 
 
+def request_slice(slice_us: int) -> bool:
+    """Ask Linux's scheduler (EEVDF, 6.12 on) for time slices of `slice_us` for this process,
+    which stays at normal priority: no privilege is needed.
+
+    A waking task preempts a busy one only once that one's slice is used up (about 1.4 ms by
+    default), unless the waking task's own slice is shorter. So, with every core busy, a
+    wake-up can come more than the 1 ms between samples late, and the tick is skipped. A
+    short slice lets the sampler run when it wakes. It sleeps between samples, so it takes
+    no more CPU. Best effort: False where the call is unknown (another OS or machine) or
+    refused; an older kernel takes the call and keeps its default slice."""
+    number = _SCHED_SETATTR.get(os.uname().machine) if sys.platform == "linux" else None
+    if number is None:
+        return False
+    nice = os.getpriority(os.PRIO_PROCESS, 0)  # kept as it is (the call sets it too)
+    runtime_ns = slice_us * 1000  # sched_runtime: a fair task's slice
+    attr = _SCHED_ATTR.pack(_SCHED_ATTR.size, 0, _SCHED_FLAG_KEEP_POLICY, nice, 0, runtime_ns, 0, 0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(number, 0, ctypes.create_string_buffer(attr, len(attr)), 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str]) -> int:
-    rate, priority, paths = float(argv[0]), int(argv[1]), argv[2:]
+    rate, priority, slice_us, paths = float(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
     _die_with_parent()
+    if not priority and slice_us:
+        request_slice(slice_us)
     if priority:
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))

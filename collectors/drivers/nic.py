@@ -37,6 +37,9 @@ MAX_SAMPLES_PER_SEC = 10_000.0
 #: A sampling process that has not ended this long after SIGTERM (a counter read that hangs)
 #: is killed, so a stop is never held up by it.
 STOP_GRACE_SECONDS = 2.0
+#: The scheduler slice the sampling process asks for at normal priority, in microseconds, and
+#: the range Linux takes (`nic_sampler.request_slice`).
+SAMPLER_SLICE_US, SLICE_RANGE_US = 100, (100, 100_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class Options:
     samples_per_sec: float
     sysfs_root: Path
     realtime_priority: int
+    sampler_slice_us: int
 
 
 def parse_options(r: OptionsReader) -> Options:
@@ -66,6 +70,7 @@ def parse_options(r: OptionsReader) -> Options:
         samples_per_sec=samples_per_sec,
         sysfs_root=r.path("sysfs_root", "/sys/class/net"),
         realtime_priority=_priority(r),
+        sampler_slice_us=_slice(r),
     )
 
 
@@ -74,6 +79,14 @@ def _priority(r: OptionsReader) -> int:
     if priority > 99:
         r.fail("realtime_priority", "must be 0 (off) or a SCHED_FIFO priority from 1 to 99")
     return priority
+
+
+def _slice(r: OptionsReader) -> int:
+    slice_us = r.integer("sampler_slice_us", SAMPLER_SLICE_US, minimum=0)
+    low, high = SLICE_RANGE_US
+    if slice_us and not low <= slice_us <= high:
+        r.fail("sampler_slice_us", f"must be 0 (the kernel's default) or from {low} to {high:_}")
+    return slice_us
 
 
 def create(settings: DriverSettings) -> NicDriver:
@@ -126,7 +139,8 @@ class NicDriver:
         (the reason); `DriverError` when it ends otherwise (the instance restarts the driver
         with backoff)."""
         paths = [str(self.stats_dir / name) for name in self.options.statistics]
-        args = [str(self.options.samples_per_sec), str(self.priority), *paths]
+        rate, slice_us = self.options.samples_per_sec, self.options.sampler_slice_us
+        args = [str(rate), str(self.priority), str(slice_us), *paths]
         process = subprocess.Popen(
             [sys.executable, "-m", "collectors.nic_sampler", *args],
             stdout=subprocess.PIPE,

@@ -4,6 +4,7 @@ is killed or hangs. A tmp directory stands in for /sys/class/net."""
 from __future__ import annotations
 
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -114,6 +115,41 @@ def test_a_rate_the_sampler_cannot_keep_is_refused(make_config, sysfs):
         ),
     ):
         make_config({"net": nic_table(sysfs, samples_per_sec=1e6)})
+
+
+@pytest.mark.parametrize("slice_us", [-1, 1, 99, 100_001])
+def test_a_sampler_slice_linux_does_not_take_is_refused(make_config, sysfs, slice_us):
+    with pytest.raises(ConfigError, match=re.escape(f"sampler_slice_us = {slice_us} must be")):
+        make_config({"net": nic_table(sysfs, sampler_slice_us=slice_us)})
+
+
+def kernel_release() -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", platform.release()).groups()
+    return int(major), int(minor)
+
+
+def scheduler_slice(pid: int) -> int | None:
+    """The time slice, in ns, the scheduler gives `pid` (None where /proc does not say)."""
+    for line in Path(f"/proc/{pid}/sched").read_text().splitlines():
+        if line.startswith("se.slice"):
+            return int(line.split(":")[1])
+    return None
+
+
+@pytest.mark.parametrize("slice_us", [None, 0, 250])
+def test_the_sampler_runs_with_the_slice_it_is_given(
+    make_config, service, store_dir, sysfs, slice_us
+):
+    kernel_default = scheduler_slice(os.getpid())
+    if kernel_default is None or kernel_release() < (6, 12):
+        pytest.skip("Linux before 6.12 keeps its own slice (or /proc does not show it)")
+    extra = {} if slice_us is None else {"sampler_slice_us": slice_us}
+    running = service(make_config({"net": nic_table(sysfs, **extra)}))
+    wait_for(lambda: len(samplers(sysfs)) == 1, timeout=15)
+    (pid,) = samplers(sysfs)
+    expected = {None: 100_000, 0: kernel_default, 250: 250_000}[slice_us]
+    wait_for(lambda: scheduler_slice(pid) == expected, timeout=5)  # set as the sampler starts
+    assert running.stop() == 0
 
 
 def test_a_period_longer_than_a_timed_wait_can_take_is_waited_for():

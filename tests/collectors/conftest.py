@@ -142,6 +142,15 @@ def samplers(root: Path) -> list[int]:
     return found
 
 
+def rewrite_counter(path: Path, text: str) -> None:
+    """Change a stand-in sysfs counter while a sampler reads it, never empty in between: one
+    write over the old text, padded with the white space a counter may have around it.
+    (`write_text` truncates first, and a read in that moment found b'': an error the kernel's
+    own files never give, as their reads are whole.)"""
+    with path.open("r+b") as fh:
+        fh.write(text.encode().ljust(path.stat().st_size))
+
+
 def wait_for(
     condition: Callable[[], bool],
     timeout: float = 60.0,

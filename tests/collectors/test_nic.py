@@ -11,7 +11,7 @@ from collectors.batch import camel_case, format_timestamp
 from collectors.buffer import Buffer
 from collectors.pacing import Pacer
 
-from .conftest import read_payloads, samplers, wait_for
+from .conftest import read_payloads, rewrite_counter, samplers, wait_for
 
 
 def test_the_timestamp_format_is_the_references():
@@ -110,9 +110,9 @@ def test_a_counter_that_goes_away_is_reported_and_sampling_resumes(
         return [v for p in read_payloads(store_dir, "examples/network") for v in p["RxBytes"]]
 
     wait_for(lambda: len(values()) > 0)
-    (stats / "rx_bytes").write_text("not a number\n")  # the interface went away
+    rewrite_counter(stats / "rx_bytes", "not a number\n")  # the interface went away
     time.sleep(1.0)
-    (stats / "rx_bytes").write_text("250\n")
+    rewrite_counter(stats / "rx_bytes", "250\n")
     wait_for(lambda: 250 in values())
     running.stop()
     assert values()[0] == 100 and values()[-1] == 250

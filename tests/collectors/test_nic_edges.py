@@ -24,7 +24,7 @@ from collectors.pacing import Pacer
 from collectors.service import create_driver
 from pipeline.failpoints import Failpoints
 
-from .conftest import read_payloads, samplers, wait_for
+from .conftest import read_payloads, rewrite_counter, samplers, wait_for
 
 TOP = 2**64 - 1  # the largest value of the kernel's u64 counters
 
@@ -72,7 +72,7 @@ def test_counters_past_2_to_the_63_are_sampled_as_read(make_config, service, sto
     config = make_config({"net": nic_table(sysfs)})
     running = service(config)
     wait_for(lambda: len(rx(store_dir)) >= 5, timeout=15, explain=lambda: repr(errors(config)))
-    (stats / "rx_bytes").write_text("3\n")  # it wrapped: kept as read, not "fixed"
+    rewrite_counter(stats / "rx_bytes", "3\n")  # it wrapped: kept as read, not "fixed"
     wait_for(lambda: 3 in rx(store_dir), timeout=15)
     assert running.stop() == 0
     payloads = read_payloads(store_dir, "edge/net")
@@ -88,14 +88,14 @@ def test_a_counter_that_is_not_a_counter_value_is_refused_not_sampled(
     config = make_config({"net": nic_table(sysfs)})
     running = service(config)
     wait_for(lambda: len(rx(store_dir)) >= 5, timeout=15)
-    (stats / "rx_bytes").write_text("-3\n")  # garbage: the old sampler stored -3 as a sample
+    rewrite_counter(stats / "rx_bytes", "-3\n")  # garbage: the old sampler stored -3 as a sample
     wait_for(lambda: any(s == "nic.read" for s, _ in errors(config)), timeout=15)
-    (stats / "rx_bytes").write_text("250\n")
+    rewrite_counter(stats / "rx_bytes", "250\n")
     wait_for(lambda: 250 in rx(store_dir), timeout=15)
     assert running.stop() == 0
     assert set(rx(store_dir)) == {100, 250}
     message = next(m for s, m in errors(config) if s == "nic.read")
-    assert f"{stats / 'rx_bytes'}: b'-3\\n' is not a counter value" in message
+    assert f"{stats / 'rx_bytes'}: b'-3\\n ' is not a counter value" in message  # as read
 
 
 @pytest.mark.parametrize("text", ["", "-1\n", "0x10\n", "1_000\n", f"{2**64}\n", "9" * 70])

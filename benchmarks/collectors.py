@@ -72,18 +72,31 @@ def _stat(pid: int) -> list[str]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of `pid` and its live children (the NIC sampler process)."""
+    """CPU time of `pid` and its live children (the NIC sampler process): what the scheduler
+    ran them for, to the nanosecond (/proc/PID/schedstat). The user + system times of
+    /proc/PID/stat are counted in clock ticks, charged to whoever is running when a tick
+    comes: a process that wakes 1000 times a second for a few µs was charged anywhere from 9
+    to 16 % of a core over 20 s, where it ran for 9.4 to 10.1 %."""
     total = 0.0
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             fields = _stat(int(proc.name))
+            if int(proc.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
+                total += _ran_for(proc, fields)
         except OSError:
             continue
-        if int(proc.name) == pid or int(fields[1]) == pid:  # fields[1] is the parent's pid
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return total
+
+
+def _ran_for(proc: Path, fields: list[str]) -> float:
+    """Seconds the process has run: its schedstat, else (no scheduler statistics in this
+    kernel) its user + system clock ticks."""
+    try:
+        return int((proc / "schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 SPINNER = "import time\nwhile True:\n    sum(range(10_000))\n"

@@ -257,9 +257,32 @@ class Checkpoint:
 
     @property
     def is_new(self) -> bool:
-        """True before the first batch was planned (Spark has no offsets yet)."""
-        offsets = self.spark_dir / "offsets"
-        return not offsets.is_dir() or not any(offsets.iterdir())
+        """True before the first batch was planned: Spark's offset log holds no batch (the
+        temporary file of a write of batch 0 cut short is not one)."""
+        return not _batch_ids(self.spark_dir / "offsets")
+
+    def _clear_cut_short_first_batch(self) -> None:
+        """Remove what a run killed while Spark wrote its first offset (or commit) entry left
+        behind: the write's temporary file (`.0.<uuid>.tmp`, and its `.crc` on a local
+        disk). Spark takes a checkpoint whose offset log holds no batch for a new query,
+        and refuses to start a new query where the offset or commit log holds any file at
+        all (`spark.sql.streaming.verifyCheckpointDirectoryEmptyOnStart`, on since Spark
+        4.1): every later run of the job failed. Nothing was planned, so nothing is lost;
+        only hidden files go, and only while the lock is held."""
+        if not self.is_new:
+            return
+        for log_name in ("offsets", "commits"):
+            folder = self.spark_dir / log_name
+            if not folder.is_dir() or _batch_ids(folder):
+                continue
+            for entry in folder.iterdir():
+                if entry.name.startswith(".") and entry.is_file():
+                    log.info(
+                        "%s: removing %s, left by a run stopped while Spark wrote it",
+                        self.identity.job,
+                        entry,
+                    )
+                    entry.unlink(missing_ok=True)
 
     def __enter__(self) -> Checkpoint:
         check_writable(self.root, "checkpoint directory")  # a file in the way, a full disk
@@ -267,6 +290,7 @@ class Checkpoint:
         self._acquire()
         try:
             self._check_identity()
+            self._clear_cut_short_first_batch()
         except BaseException:
             self.release()
             raise

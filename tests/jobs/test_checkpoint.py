@@ -124,3 +124,38 @@ def test_a_start_resolved_on_a_new_checkpoint_holds_for_every_later_run(tmp_path
             with opened.writer(stream) as writer:
                 writer.write(b"after the start", routing_key="k")
     assert starts() == first
+
+
+def cut_short_write(log_dir, batch_id: int) -> list:
+    """What a run killed while Spark wrote entry `batch_id` of a metadata log leaves: the
+    temporary file of the write, and its checksum file on a local disk."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tmp = log_dir / f".{batch_id}.5d7c5b0e-0d55-4a39-9e1b-6f0f3f1c9a11.tmp"
+    tmp.write_text("v1\n")
+    crc = log_dir / f".{tmp.name}.crc"
+    crc.write_bytes(b"crc\x00")
+    return [tmp, crc]
+
+
+def test_a_first_offset_write_cut_short_leaves_a_new_checkpoint_that_spark_takes(tmp_path):
+    # Spark 4.1 on refuses a new query where offsets/ or commits/ holds any file at all:
+    # every later run of the job failed (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).
+    identity = JobIdentity("mirror", "embedded:/e#edge/net", "embedded:/c#cloud/net")
+    debris = cut_short_write(tmp_path / "spark" / "offsets", 0)
+    checkpoint = Checkpoint(tmp_path, identity)
+    assert checkpoint.is_new
+    with checkpoint:
+        assert not any(path.exists() for path in debris)
+        assert (tmp_path / "spark" / "offsets").is_dir()
+        assert checkpoint.is_new
+
+
+def test_a_temporary_file_beside_planned_batches_is_left_to_spark(tmp_path):
+    identity = JobIdentity("mirror", "embedded:/e#edge/net", "embedded:/c#cloud/net")
+    write_batch(tmp_path, 0)
+    debris = cut_short_write(tmp_path / "spark" / "offsets", 1)
+    debris += cut_short_write(tmp_path / "spark" / "commits", 1)
+    with Checkpoint(tmp_path, identity) as checkpoint:
+        assert not checkpoint.is_new
+    assert all(path.exists() for path in debris)  # Spark reads batch files only
+    assert (tmp_path / "spark" / "offsets" / "0").exists()

@@ -69,6 +69,24 @@ def test_a_second_run_continues_where_the_first_stopped(spark, edge, store_dir):
     assert sorted(copied) == sorted(e.payload for e in edge.read("edge/network"))
 
 
+def test_a_run_killed_while_spark_wrote_its_first_offset_is_run_again(
+    spark, edge, store_dir, tmp_path
+):
+    # The mirror's kill suite found it: killed in that write, every later run failed with
+    # STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY (Spark saw a new query, and a file in offsets/).
+    uri = f"embedded:{store_dir}"
+    fill(edge, "edge/network", 60)
+    offsets = tmp_path / "ck" / "spark" / "offsets"
+    offsets.mkdir(parents=True)
+    tmp = offsets / ".0.0b3c1f7e-2c1e-4f57-8a0e-7b1f4f5b2d10.tmp"
+    tmp.write_text("v1\n")
+    (offsets / f".{tmp.name}.crc").write_bytes(b"crc")
+    spec = MirrorSpec("edge/network", "cloud/network", uri, uri)
+    assert mirror(spark, spec, RunOptions(checkpoint=tmp_path / "ck")).events == 60
+    copied = sorted(e.payload for e in edge.read("cloud/network"))
+    assert copied == sorted(e.payload for e in edge.read("edge/network"))
+
+
 def test_from_tail_skips_history_on_a_new_checkpoint(spark, edge, store_dir):
     uri = f"embedded:{store_dir}"
     fill(edge, "edge/network", 50)

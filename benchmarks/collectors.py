@@ -75,8 +75,7 @@ def cpu_seconds(pid: int) -> float:
     """CPU time of `pid` and its live children (the NIC sampler process): what the scheduler
     ran them for, to the nanosecond (/proc/PID/schedstat). The user + system times of
     /proc/PID/stat are counted in clock ticks, charged to whoever is running when a tick
-    comes: a process that wakes 1000 times a second for a few µs was charged anywhere from 9
-    to 16 % of a core over 20 s, where it ran for 9.4 to 10.1 %."""
+    comes: a poor sample of a process that wakes 1000 times a second for a few µs."""
     total = 0.0
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():

@@ -271,18 +271,22 @@ class Checkpoint:
         only hidden files go, and only while the lock is held."""
         if not self.is_new:
             return
-        for log_name in ("offsets", "commits"):
-            folder = self.spark_dir / log_name
-            if not folder.is_dir() or _batch_ids(folder):
-                continue
-            for entry in folder.iterdir():
-                if entry.name.startswith(".") and entry.is_file():
-                    log.info(
-                        "%s: removing %s, left by a run stopped while Spark wrote it",
-                        self.identity.job,
-                        entry,
-                    )
-                    entry.unlink(missing_ok=True)
+        commits = self.spark_dir / "commits"  # (with batches of its own, it is Spark's to read)
+        logs = [self.spark_dir / "offsets", *([] if _batch_ids(commits) else [commits])]
+        cut_short = [
+            entry
+            for folder in logs
+            if folder.is_dir()
+            for entry in folder.iterdir()
+            if entry.name.startswith(".") and entry.is_file()
+        ]
+        for entry in cut_short:
+            log.info(
+                "%s: removing %s, left by a run stopped while Spark wrote it",
+                self.identity.job,
+                entry,
+            )
+            entry.unlink(missing_ok=True)
 
     def __enter__(self) -> Checkpoint:
         check_writable(self.root, "checkpoint directory")  # a file in the way, a full disk

@@ -24,6 +24,8 @@ from pipeline.jobs.runner import JobSource, RunOptions, resolve_start
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger
 from pipeline.streams import StreamCut, open_store
 
+from .conftest import cut_short_write
+
 CUTS = [StreamCut.of("edge", "net", {0: 100 * (n + 1), 1: 50 * (n + 1)}) for n in range(3)]
 
 
@@ -124,17 +126,6 @@ def test_a_start_resolved_on_a_new_checkpoint_holds_for_every_later_run(tmp_path
             with opened.writer(stream) as writer:
                 writer.write(b"after the start", routing_key="k")
     assert starts() == first
-
-
-def cut_short_write(log_dir, batch_id: int) -> list:
-    """What a run killed while Spark wrote entry `batch_id` of a metadata log leaves: the
-    temporary file of the write, and its checksum file on a local disk."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    tmp = log_dir / f".{batch_id}.5d7c5b0e-0d55-4a39-9e1b-6f0f3f1c9a11.tmp"
-    tmp.write_text("v1\n")
-    crc = log_dir / f".{tmp.name}.crc"
-    crc.write_bytes(b"crc\x00")
-    return [tmp, crc]
 
 
 def test_a_first_offset_write_cut_short_leaves_a_new_checkpoint_that_spark_takes(tmp_path):

@@ -14,6 +14,8 @@ from pipeline.jobs.runner import RunOptions
 from pipeline.streams import open_store
 from tests.spark.conftest import fill, per_key_sequences
 
+from .conftest import cut_short_write
+
 pytestmark = pytest.mark.spark
 
 
@@ -76,11 +78,7 @@ def test_a_run_killed_while_spark_wrote_its_first_offset_is_run_again(
     # STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY (Spark saw a new query, and a file in offsets/).
     uri = f"embedded:{store_dir}"
     fill(edge, "edge/network", 60)
-    offsets = tmp_path / "ck" / "spark" / "offsets"
-    offsets.mkdir(parents=True)
-    tmp = offsets / ".0.0b3c1f7e-2c1e-4f57-8a0e-7b1f4f5b2d10.tmp"
-    tmp.write_text("v1\n")
-    (offsets / f".{tmp.name}.crc").write_bytes(b"crc")
+    cut_short_write(tmp_path / "ck" / "spark" / "offsets", 0)
     spec = MirrorSpec("edge/network", "cloud/network", uri, uri)
     assert mirror(spark, spec, RunOptions(checkpoint=tmp_path / "ck")).events == 60
     copied = sorted(e.payload for e in edge.read("cloud/network"))

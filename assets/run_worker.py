@@ -37,7 +37,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,23 +117,48 @@ def start_worker(
     """`python -m assets.run_worker` for the instance at `dagster_home` in a process group of
     its own (stopping the group stops the runs it forked), logging to `log`; returned once its
     socket is there, or once it has exited or `timeout` has passed (check `socket_path`)."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "assets.run_worker", str(dagster_home)],
-            cwd=Path(__file__).resolve().parents[1],
-            env=dict(os.environ if env is None else env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     path, deadline = socket_path(dagster_home), time.monotonic() + timeout
+    proc = None
     try:
+        with log.open("ab") as out, _signals_held(signal.SIGINT, signal.SIGTERM):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "assets.run_worker", str(dagster_home)],
+                cwd=Path(__file__).resolve().parents[1],
+                env=dict(os.environ if env is None else env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
     except BaseException:  # the caller was interrupted while it started: it goes too
-        stop_worker(proc)
+        if proc is not None:
+            stop_worker(proc)
         raise
     return proc
+
+
+@contextlib.contextmanager
+def _signals_held(*signums: int) -> Iterator[None]:
+    """Signals of `signums` that come in this block reach their Python handlers as it ends.
+    A handler that raises (Ctrl-C's KeyboardInterrupt, a SIGTERM handler's `SystemExit`)
+    inside `Popen`, after the fork, leaves the child running and its pid unknown to the
+    caller, who cannot stop it. Main thread only (elsewhere nothing is held), and only
+    handlers set from Python: a default action is not the caller's to delay."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    earlier = {s: h for s in signums if callable(h := signal.getsignal(s))}
+    for signum in earlier:
+        signal.signal(signum, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in earlier.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)  # its handler runs here, in the caller's frame
 
 
 def stop_worker(proc: subprocess.Popen[bytes], grace_seconds: float = 30.0) -> None:

@@ -161,26 +161,42 @@ def workers_of(home: Path) -> list[int]:
     return pids
 
 
-def test_a_caller_stopped_while_its_worker_starts_stops_the_worker(home, tmp_path):
-    """SIGTERM to a process waiting for the worker it started (the demo stopped early, as the
-    demo's SIGTERM handler raises `SystemExit`): the worker goes with it, never left behind."""
+#: In the caller, before `start_worker`: its SIGTERM comes as `Popen` returns, after the fork
+#: (the window where a handler that raises left the worker running, with no pid to stop).
+SIGTERM_IN_POPEN = (
+    "import os, subprocess\n"
+    "class SignalledAsItReturns(subprocess.Popen):\n"
+    "    def __init__(self, *args, **kwargs):\n"
+    "        super().__init__(*args, **kwargs)\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "subprocess.Popen = SignalledAsItReturns\n"
+)
+
+
+@pytest.mark.parametrize("when", ["while it imports", "as Popen returns"])
+def test_a_caller_stopped_while_its_worker_starts_stops_the_worker(home, tmp_path, when):
+    """SIGTERM to a process waiting for the worker it started, whose handler raises
+    `SystemExit` (as Ctrl-C raises KeyboardInterrupt): the worker goes with it, never left
+    behind."""
     script = (
         "import signal, sys\n"
         "from pathlib import Path\n"
         "from assets.run_worker import start_worker, stop_worker\n"
         "signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))\n"
-        f"proc = start_worker(Path({str(home)!r}), Path({str(tmp_path / 'worker.log')!r}))\n"
-        # as the demo holds it: the socket may appear between the test's look and its SIGTERM
+        + (SIGTERM_IN_POPEN if when == "as Popen returns" else "")
+        + f"proc = start_worker(Path({str(home)!r}), Path({str(tmp_path / 'worker.log')!r}))\n"
+        # as a caller holds it: the socket may appear between the test's look and its SIGTERM
         "try:\n    signal.pause()\nfinally:\n    stop_worker(proc)\n"
     )
     caller = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
-        while not workers_of(home):
-            assert caller.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
-        assert not socket_path(home).exists()  # the worker is still importing
-        caller.terminate()
+        if when == "while it imports":
+            deadline = time.monotonic() + 60
+            while not workers_of(home):
+                assert caller.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+            assert not socket_path(home).exists()  # the worker is still importing
+            caller.terminate()
         assert caller.wait(timeout=60) == 128 + 15
         deadline = time.monotonic() + 30
         while workers_of(home) and time.monotonic() < deadline:

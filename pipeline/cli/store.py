@@ -416,5 +416,5 @@ def cmd_repair(args: argparse.Namespace) -> int:
     if report.ok:
         print(f"repaired: {len(report.fixed)} fixed, nothing left")
         return 0
-    print(f"{counted(len(report.unfixed), 'problem')} left that need a person", file=sys.stderr)
+    print(f"{counted(len(report.unfixed), 'problem')} left for a person to fix", file=sys.stderr)
     return 1

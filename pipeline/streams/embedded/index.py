@@ -206,15 +206,22 @@ class BlockIndex:
 
         Refused with `SegmentDamaged` when the segment is damaged (or found so now)."""
         segfile = self.segment_file(row, segment)
-        at, damaged = self._indexed_end_and_damage(row, segment)
-        if damaged or segfile.size() != at:  # others appended, a torn tail, damage: look
-            at = self.catch_up(row, segment)
-            self.settle_tail(row, segment, at)
-            self.check_undamaged(row, segment)
+        at = self.writable_end(row, segment)
         end = segfile.append(at, [header, *body])
         parsed = parse_header(memoryview(header), 0, at)
         assert parsed is not None and parsed.end == end
         self.index_blocks(row, segment, [parsed])
+        return at
+
+    def writable_end(self, row: StreamRow, segment: int) -> int:
+        """Where the next block of a segment goes, its valid end (caller holds its lock): the
+        blocks others appended are indexed and a torn tail is cut first. `SegmentDamaged` when
+        the segment is damaged (or found so now)."""
+        at, damaged = self._indexed_end_and_damage(row, segment)
+        if damaged or self.segment_file(row, segment).size() != at:
+            at = self.catch_up(row, segment)  # others appended, a torn tail, damage: look
+            self.settle_tail(row, segment, at)
+            self.check_undamaged(row, segment)
         return at
 
     def _indexed_end_and_damage(self, row: StreamRow, segment: int) -> tuple[int, bool]:

@@ -149,7 +149,8 @@ def rebuild(engine: Engine, progress: Progress | None) -> RepairReport:
         what = f"reader groups {', '.join(lost_groups)} were in the lost catalog: recreate them"
         tally.problems.append(Problem(None, None, None, what))
     what = (
-        f"rebuilt the catalog from {len(manifests)} stream manifests and their segment files"
+        "rebuilt the catalog from the manifests and segment files of"
+        f" {counted(len(manifests), 'stream')}"
         f" (the old one is kept as {aside or 'nothing: there was none'})"
     )
     tally.fixed.insert(0, Problem(None, None, None, what, True))

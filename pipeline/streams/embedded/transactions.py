@@ -241,9 +241,7 @@ class EmbeddedTransaction(TxnRecord, Transaction):
         (segment,) = targets
         segfile = self.engine.segment_file(self.row, segment)
         with segfile.locked():
-            at = self.engine.catch_up(self.row, segment)
-            self.engine.settle_tail(self.row, segment, at)
-            self.engine.check_undamaged(self.row, segment)  # raises; the events stay pending
+            at = self.engine.writable_end(self.row, segment)  # raises; the events stay pending
             ingest_ns = now_ns()
             outcome = self._mark_landing(segment, at, ingest_ns, time_bounds)
             if outcome in ("committed", "committing"):  # another commit of it got there first

@@ -27,6 +27,7 @@ from pipeline.streams.names import check_name
 CUT_VERSION = "v1"
 #: The text version of a cut that names its stream's identity (`StreamCut.stream_id`).
 IDENTIFIED_CUT_VERSION = "v2"
+_EXPECTED = "expected v2~SCOPE~STREAM~ID~SEGMENT-OFFSET... or v1~SCOPE~STREAM~SEGMENT-OFFSET..."
 _SEP = "~"
 _POSITION = re.compile(r"([0-9]{1,19})-([0-9]{1,19})", re.ASCII)
 _STREAM_ID = re.compile(r"[0-9]{1,19}", re.ASCII)
@@ -92,10 +93,10 @@ class StreamCut:
     def parse(cls, text: str) -> StreamCut:
         """Parse the text form back; a malformed text raises `InvalidCut`."""
         if not isinstance(text, str):
-            raise InvalidCut(repr(text), "a cut is a text such as v1~scope~stream~0-0")
+            raise InvalidCut(repr(text), "a cut is a text such as v2~scope~stream~1~0-0")
         parts = text.strip().split(_SEP)
         if len(parts) < 3:
-            raise InvalidCut(text, "expected v1~SCOPE~STREAM~SEGMENT-OFFSET...")
+            raise InvalidCut(text, _EXPECTED)
         if parts[0] not in (CUT_VERSION, IDENTIFIED_CUT_VERSION):
             reason = f"unknown cut version {parts[0]!r} (this Sluice reads v1 and v2)"
             raise InvalidCut(text, reason)

@@ -138,7 +138,8 @@ REFUSED = {
     "mirror --from garbage": (
         ["mirror", "--stream", "edge/net", "--to", "cloud/net", "--from", "garbage"],
         "mirror job failed: sluice option startingCut ('garbage'): invalid stream cut "
-        "'garbage': expected v1~SCOPE~STREAM~SEGMENT-OFFSET... (or use head / tail)",
+        "'garbage': expected v2~SCOPE~STREAM~ID~SEGMENT-OFFSET... or"
+        " v1~SCOPE~STREAM~SEGMENT-OFFSET... (or use head / tail)",
     ),
     "console --from another stream's cut": (
         ["console", "--stream", "edge/net", "--continuous", "--from", OTHER_CUT],

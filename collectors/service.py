@@ -64,8 +64,7 @@ class StopRequest:
         name = signal.Signals(signum).name
         if not self.stop.is_set():
             self.reason = f"{name} received"
-            self.stop.set()
-            log.info("%s: stopping (send it again to end the drain at once)", name)
+            self.stop.set()  # (the service logs it, with what the stop does)
         elif not self.hurry.is_set():
             self.hurry.set()
             log.warning("%s again: ending the drain now; what is buffered stays", name)
@@ -104,7 +103,8 @@ def run_service(
         if not request.stop.is_set():
             request.reason = "every driver has finished"
         log.info(
-            "%s: stopping drivers and draining buffers (at most %.0fs)",
+            "%s: stopping drivers and draining buffers (at most %.0fs; a second signal ends"
+            " the drain at once)",
             request.reason,
             settings.drain_timeout_seconds,
         )

@@ -392,8 +392,8 @@ def _deep(plan: FlattenPlan, payload: bytes) -> tuple[int, dict[str, Any]]:
 
 
 def _validation_reason(plan: FlattenPlan, message: str) -> str:
-    if "missing required field" in message:
-        return f"missing required field: {message} (schema {plan.name})"
+    if "missing required field" in message:  # msgspec: "Object missing required field `x`"
+        return f"{message.removeprefix('Object ')} (schema {plan.name})"
     return f"wrong type: {message} (schema {plan.name})"
 
 

@@ -393,7 +393,8 @@ def _deep(plan: FlattenPlan, payload: bytes) -> tuple[int, dict[str, Any]]:
 
 def _validation_reason(plan: FlattenPlan, message: str) -> str:
     if "missing required field" in message:  # msgspec: "Object missing required field `x`"
-        return f"{message.removeprefix('Object ')} (schema {plan.name})"
+        field = message.removeprefix("Object missing required field ")
+        return f"missing required field: {field} (schema {plan.name})"
     return f"wrong type: {message} (schema {plan.name})"
 
 

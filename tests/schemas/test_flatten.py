@@ -153,7 +153,7 @@ def test_quarantine_missing_required_field(nic):
     event = nic_event(0)
     del event["Interface"]
     [bad] = quarantined(nic, encode(event))
-    assert bad["reason"] == "missing required field `Interface` (schema NetworkSamples)"
+    assert bad["reason"] == "missing required field: `Interface` (schema NetworkSamples)"
 
 
 def test_quarantine_keeps_good_events_around_bad_ones(nic):

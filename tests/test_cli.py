@@ -88,6 +88,24 @@ def test_verbose_and_quiet_together_are_refused(capsys):
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "given_to"),
+    [
+        (["store", "write", "a/s", "--key", "k"], "sluice store write"),
+        (["store", "--bogus", "list"], "sluice store"),
+        (["--bogus", "store", "list"], "sluice"),
+        (["store", "list", "scope", "extra"], "sluice store list"),
+    ],
+)
+def test_an_argument_nobody_takes_is_refused_with_the_usage_of_its_command(capsys, argv, given_to):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {given_to} [-h]")
+    assert f"\n{given_to}: error: unrecognized arguments: " in err
+
+
 def complete_in_bash(script: str, line: str) -> list[str]:
     """What bash offers for `line` with the completion script loaded (a real bash)."""
     words = line.split(" ")

@@ -122,6 +122,33 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, but arguments nobody takes are refused by the command they
+    were given to, with its usage: `sluice store write --key k` shows `sluice store write`'s
+    usage (argparse's own error shows `sluice`'s, whatever the command)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        at = argv.index(unknown[0]) if unknown[0] in argv else len(argv)
+        given_to = [p for p, where in commands_in(parser, args, argv) if where < at][-1]
+        given_to.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def commands_in(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
+) -> list[tuple[argparse.ArgumentParser, int]]:
+    """The (sub)command parsers `args` went through, outermost first, each with where its
+    name is in `argv` (-1: the program)."""
+    found, where = [(parser, -1)], -1
+    while subcommands := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]:
+        name = getattr(args, subcommands[0].dest, None)
+        if name not in subcommands[0].choices or name not in argv[where + 1 :]:
+            break
+        parser, where = subcommands[0].choices[name], argv.index(name, where + 1)
+        found.append((parser, where))
+    return found
+
+
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Help lines end with the option's default when it has one and the line does not say."""
 
@@ -218,7 +245,7 @@ def dispatch(argv: list[str]) -> int:
         check_environment(os.environ)
         umask = FileModes.from_environment().apply()
         command = chosen_command(argv)
-        args = build_parser(command).parse_args(argv)
+        args = parse(build_parser(command), argv)
         if command not in CONFIG_FREE:
             load_settings()  # the whole sluice.toml, checked before any command reads a part
         args = resolve_stores(args)

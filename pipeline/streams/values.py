@@ -252,6 +252,10 @@ class SegmentInfo:
     tail: int
     events: int
     bytes: int
+    #: (offset, problem) where a read or a write found the segment damaged: it takes no writes
+    #: until `repair`. None when it is not marked (`verify` reports damage, it marks none; a
+    #: backend may mark none at all).
+    damaged: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +318,11 @@ class StreamInfo:
                     "tail": s.tail,
                     "events": s.events,
                     "bytes": s.bytes,
+                    "damaged": (
+                        None
+                        if s.damaged is None
+                        else {"offset": s.damaged[0], "problem": s.damaged[1]}
+                    ),
                 }
                 for s in self.segments
             ],

@@ -160,6 +160,10 @@ def test_a_truncated_segment_refuses_writes_until_repair(store, store_dir):
             w.write(b"refused", routing_key=keys[0])
     with store.writer("d/cut") as w:  # the other segment keeps working
         w.write(b"accepted", routing_key=keys[1])
+    damaged = [s.damaged for s in store.info("d/cut").segments]  # `store info` shows it
+    assert damaged[1] is None
+    assert damaged[0][0] == events[10].offset  # where the third block starts
+    assert "before the end of its index" in damaged[0][1]
     got = []
     with pytest.raises(Corrupted):
         got.extend(e.payload for e in store.read_segment("d/cut", 0, 0))
@@ -168,6 +172,7 @@ def test_a_truncated_segment_refuses_writes_until_repair(store, store_dir):
     assert not report.ok and {(p.stream, p.segment) for p in report.problems} == {("d/cut", 0)}
     repaired = store.repair("d/cut")
     assert any("are lost" in p.what for p in repaired.unfixed)
+    assert all(s.damaged is None for s in store.info("d/cut").segments)
     with store.writer("d/cut") as w:
         w.write(b"after repair", routing_key=keys[0])
     after = payloads(store.read("d/cut"))

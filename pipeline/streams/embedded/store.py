@@ -184,7 +184,10 @@ class EmbeddedStore(StreamStore):
         ):
             tail = engine.catch_up(row, seg)
             events, size = self._count_from(row, seg, head, tail)
-            segs.append(SegmentInfo(seg, (lo, hi), bool(seg_sealed), head, tail, events, size))
+            damaged = engine.damage(row, seg)
+            segs.append(
+                SegmentInfo(seg, (lo, hi), bool(seg_sealed), head, tail, events, size, damaged)
+            )
         retention = engine.catalog.query_one(
             "SELECT retention_bytes, retention_seconds FROM streams WHERE id=?", (row.id,)
         )

@@ -117,6 +117,10 @@ def run_service(
     return 0
 
 
+def _stay(count: int) -> str:
+    return "stays" if count == 1 else "stay"
+
+
 def _shutdown(instances: list[Instance], drain_timeout: float, request: StopRequest) -> None:
     """Stop drivers, drain senders, halt them: all within `drain_timeout` (at once after a
     second signal)."""
@@ -195,17 +199,19 @@ def _report_left(instance: Instance, reason: str) -> None:
         log.error("%s: cannot record the stop: %s", name, exc)
     if left.pending:
         log.warning(
-            "%s: %s stay in the buffer and will be sent at the next start",
+            "%s: %s %s in the buffer and will be sent at the next start",
             name,
             counted(left.pending, "event"),
+            _stay(left.pending),
         )
     if left.doubtful:
         log.warning(
-            "%s: %s stay in the buffer and will NOT be sent by themselves: the store no "
+            "%s: %s %s in the buffer and will NOT be sent until you say so: the store no "
             "longer knows their transaction, so whether the stream holds them cannot be "
             "told; run `sluice collect resolve %s` to check the stream and resend or drop them",
             name,
             counted(left.doubtful, "doubtful event"),
+            _stay(left.doubtful),
             name,
         )
     if not left.total:

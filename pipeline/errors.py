@@ -66,7 +66,10 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
         return
 
+    came: list[int] = []
+
     def interrupt(signum: int, frame: FrameType | None) -> None:
+        came.append(signum)
         raise Interrupted(signum)
 
     earlier = signal.signal(signal.SIGTERM, interrupt)
@@ -74,3 +77,5 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, earlier)
+    if came:  # raised where Python could only print it (a weakref callback, a __del__)
+        raise Interrupted(came[0])

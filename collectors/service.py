@@ -34,7 +34,7 @@ from collectors.metrics import serve_metrics
 from collectors.settings import CollectorSettings, InstanceSettings
 from pipeline.failpoints import Failpoints
 from pipeline.streams import StreamStore, open_store
-from pipeline.wording import counted
+from pipeline.wording import agreeing, counted
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,6 @@ def run_service(
             if metrics is not None:
                 metrics.close()
     return 0
-
-
-def _stay(count: int) -> str:
-    return "stays" if count == 1 else "stay"
 
 
 def _shutdown(instances: list[Instance], drain_timeout: float, request: StopRequest) -> None:
@@ -202,7 +198,7 @@ def _report_left(instance: Instance, reason: str) -> None:
             "%s: %s %s in the buffer and will be sent at the next start",
             name,
             counted(left.pending, "event"),
-            _stay(left.pending),
+            agreeing(left.pending, "stays", "stay"),
         )
     if left.doubtful:
         log.warning(
@@ -211,7 +207,7 @@ def _report_left(instance: Instance, reason: str) -> None:
             "told; run `sluice collect resolve %s` to check the stream and resend or drop them",
             name,
             counted(left.doubtful, "doubtful event"),
-            _stay(left.doubtful),
+            agreeing(left.doubtful, "stays", "stay"),
             name,
         )
     if not left.total:

@@ -21,7 +21,7 @@ import pytest
 
 from collectors.buffer import Buffer
 from pipeline.streams import open_store
-from pipeline.wording import counted
+from pipeline.wording import agreeing, counted
 from tests.collectors.conftest import (
     REPO,
     collect_status,
@@ -113,7 +113,7 @@ def test_a_batch_the_new_store_never_had_is_reported_and_resent(tmp_path):
     lost = doubtful_samples(tmp_path)  # batch 3's
     n = len(lost) // 10
     log = finished.stderr
-    stay = "stays" if n == 1 else "stay"  # a batch may hold one event
+    stay = agreeing(n, "stays", "stay")  # a batch may hold one event
     doubtful = f"gen: {counted(n, 'doubtful event')} {stay} in the buffer and will NOT be sent"
     assert f"{doubtful} until you say so" in log
     assert "run `sluice collect resolve gen`" in log

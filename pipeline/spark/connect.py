@@ -189,13 +189,28 @@ def _is_server_process(proc: Path, home: Path, port: int | None = None) -> bool:
     """Whether the process at `proc` (`/proc/PID`) is a server `start_server` started for
     `home` (on `port`, when given)."""
     try:
-        args = (proc / "cmdline").read_bytes().split(b"\0")
-        cwd = os.readlink(proc / "cwd")
+        if os.readlink(proc / "cwd") != str(home.resolve()):
+            return False
+        args = _arguments(proc)
     except OSError:
         return False
-    if SERVER_CLASS.encode() not in args or cwd != str(home.resolve()):
+    if SERVER_CLASS.encode() not in args:
         return False
     return port is None or f"spark.connect.grpc.binding.port={port}".encode() in args
+
+
+def _arguments(proc: Path, settle: float = 2.0) -> list[bytes]:
+    """The command line of the process at `proc`. A process in the middle of an `exec` (just
+    launched: `Popen` returns before the kernel has set up its new arguments; or `spark-submit`
+    handing over to the JVM) shows none for a moment: it is read again until it shows, for up
+    to `settle` s. [] for a process that has ended (a zombie shows none for good)."""
+    deadline = time.monotonic() + settle
+    while not (args := (proc / "cmdline").read_bytes()):
+        state = _stat_fields(proc / "stat")[:1]
+        if state in ([], ["Z"], ["X"]) or time.monotonic() > deadline:
+            return []
+        time.sleep(0.005)
+    return args.split(b"\0")
 
 
 def _servers_in(home: Path) -> list[int]:

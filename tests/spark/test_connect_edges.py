@@ -110,6 +110,21 @@ def test_stop_with_a_damaged_state_file_stops_the_server_of_its_home_only(
     assert elsewhere.poll() is None
 
 
+def test_a_server_just_launched_is_known_for_what_it_is(tmp_path, monkeypatch, fake_server):
+    """`Popen` returns before the kernel has set up the new process's command line: read at
+    once, it is empty (in most of 2,000 tries on a busy machine). A `stop` just after a start
+    took the server for some other process, left it running and removed the state file; with
+    a damaged state file, as CI met it, it found no server of the home at all."""
+    monkeypatch.chdir(tmp_path)
+    for _ in range(20):
+        port = connect.free_port("127.0.0.1")
+        server = fake_server(port)
+        assert connect._is_server_process(Path(f"/proc/{server.pid}"), tmp_path, port)
+        assert connect._servers_in(tmp_path) == [server.pid]
+        server.kill()
+        server.wait()
+
+
 def test_a_state_file_copied_from_another_home_names_no_server_of_this_one(
     tmp_path, monkeypatch, fake_server
 ):

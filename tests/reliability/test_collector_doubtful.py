@@ -120,12 +120,13 @@ def test_a_batch_the_new_store_never_had_is_reported_and_resent(tmp_path):
     assert "in the buffer and will be sent at the next start" not in log
     assert held(tmp_path) == (0, n)
     status = run_cli("collect", "--config", str(config), "status")
-    assert f"DOUBTFUL: {n} events of 1 transaction" in status.stdout, status.stdout
+    assert f"DOUBTFUL: {counted(n, 'event')} of 1 transaction" in status.stdout, status.stdout
     assert collect_status(config)["gen"]["doubtful_events"] == n
 
     report = resolve(config)
     assert report.returncode == 0, report.stderr
-    assert f"not in the stream: none of its {n} events is in lab/doubtful" in report.stdout
+    none = f"none of its {counted(n, 'event')} is in lab/doubtful"
+    assert f"not in the stream: {none}" in report.stdout
     assert "--auto would resend them" in report.stdout
     assert held(tmp_path) == (0, n)  # a report changes nothing
 

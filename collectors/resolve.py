@@ -40,7 +40,7 @@ from collectors.instance import lock_buffer
 from collectors.settings import InstanceSettings
 from pipeline.config import FileModes
 from pipeline.streams import StreamStore, StreamStoreError, open_store
-from pipeline.wording import counted
+from pipeline.wording import agreeing, counted
 
 Action = Literal["report", "drop", "resend", "auto"]
 Verdict = Literal["in", "absent", "unknown"]
@@ -187,7 +187,8 @@ def _search(store: StreamStore, record: TxnRecord, rows: list[BufferedEvent]) ->
         return Finding(record, "in", reason)
     if found:
         reason = (
-            f"cannot tell: {found:,} of its {counted(total, 'event')} are in {where}, but a "
+            f"cannot tell: {found:,} of its {counted(total, 'event')} "
+            f"{agreeing(found, 'is', 'are')} in {where}, but a "
             "transaction commits whole or not at all (were some written again by hand, or "
             "truncated away?)"
         )
@@ -196,7 +197,8 @@ def _search(store: StreamStore, record: TxnRecord, rows: list[BufferedEvent]) ->
     if truncated:
         reason = f"cannot tell: none is in {where}, but {truncated}: they may have been removed"
         return Finding(record, "unknown", reason)
-    reason = f"not in the stream: none of its {counted(total, 'event')} is in {where}"
+    which = "its event is not" if total == 1 else f"none of its {total:,} events is"
+    reason = f"not in the stream: {which} in {where}"
     return Finding(record, "absent", reason)
 
 

@@ -27,9 +27,10 @@
    and `verify` (every stored block checked, nothing returned) over the same store. Best of
    several rounds taken in turns, also in CPU time (steadier on a machine shared with others).
 
-Blocks are checksummed with CRC-32C (the `crc32c` package: SSE4.2 / ARMv8 CRC instructions);
-stores written before read their CRC-32 blocks as well. The first line of output says which
-function computes the checksum of the blocks written here.
+Blocks are checksummed with CRC-32C (the `crc32c` package: SSE4.2 / ARMv8 CRC instructions) or
+CRC-32 (zlib-ng: VPCLMULQDQ on AVX-512 CPUs), whichever this machine computes faster
+(FORMAT.md, "Block versions"). The first line of output says which function computes the
+checksum of the blocks written here.
 """
 
 from __future__ import annotations

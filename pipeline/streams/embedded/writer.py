@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from pipeline.streams.api import EventWriter
-from pipeline.streams.embedded.blocks import checksum, encode_header
+from pipeline.streams.embedded import blocks
+from pipeline.streams.embedded.blocks import encode_header
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, encode_pieces
 from pipeline.streams.embedded.index import StreamRow
@@ -133,7 +134,7 @@ class EmbeddedWriter(EventWriter):
             body = [piece for _, _, pieces in events for piece in pieces]
             crc = 0
             for piece in body:
-                crc = checksum(piece, crc)
+                crc = blocks.checksum(piece, crc)
             header = encode_header(
                 body_crc=crc,
                 body_len=sum(map(len, body)),

@@ -43,7 +43,7 @@ def faster_version(sample_bytes: int = 1 << 18, rounds: int = 5) -> bytes:
     AVX-512 (about 100 GB/s on the Xeon we measure, 4x the crc32c package's CRC-32C), and with
     PCLMULQDQ elsewhere (the AMD EPYC we measure computes CRC-32C 1.6x faster). A verified read
     computes the checksum of every byte it returns, so the writer picks the one this machine
-    reads faster, measured once per process (best of `rounds`, about 0.1 ms): blocks carry
+    reads faster, measured once per process (best of `rounds`, under 1 ms): blocks carry
     their version and every reader checks both, so the choice is the writer's alone.
     """
     if crc32c is None:

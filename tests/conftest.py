@@ -86,18 +86,62 @@ def store(store_dir):
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory: pytest.TempPathFactory):
     """One Spark session (`local[2]`) for the whole run (per pytest-xdist worker: `make test`
     runs two), with the `sluice` sources registered.
 
     pyspark is imported here, not at module level, so tests that never ask for Spark do not
     pay for it (and the edge install can run its tests). Mark such tests `pytest.mark.spark`.
+
+    The JVM, and the Python workers it starts (where the sources resolve their options), keep
+    the environment of the moment it started, before any test's own SLUICE_HOME: it starts
+    with a SLUICE_HOME of the run's own, so that a read without a `store` option opens no
+    store in the checkout (the default home is `.sluice` under the working directory).
     """
     from pipeline.spark.session import SparkSettings, spark_session
 
-    session = spark_session(SparkSettings(master="local[2]", app_name="sluice-tests"))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SLUICE_HOME", str(tmp_path_factory.mktemp("spark-home")))
+        session = spark_session(SparkSettings(master="local[2]", app_name="sluice-tests"))
     yield session
     session.stop()
+
+
+#: The default SLUICE_HOME of a command run in the checkout: the suite must leave it alone.
+CHECKOUT_HOME = REPO / ".sluice"
+_checkout_home = pytest.StashKey[set[str]]()
+
+
+def _listing(root: Path) -> set[str]:
+    """`root` and every path under it (relative to its parent); empty if it does not exist."""
+    if not root.is_dir():
+        return set()
+    return {root.name, *(str(p.relative_to(root.parent)) for p in root.rglob("*"))}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_checkout_home] = _listing(CHECKOUT_HOME)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run if it wrote into the checkout's `.sluice` (a process that ran without its
+    test's SLUICE_HOME): `make demo` after `make test` would refuse a home it did not write.
+    Checked once, by the process that reports (pytest-xdist's controller, or pytest alone)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    made = sorted(_listing(CHECKOUT_HOME) - session.config.stash.get(_checkout_home, set()))
+    if not made:
+        return
+    shown = ", ".join(made[:5]) + (f" and {len(made) - 5} more" if len(made) > 5 else "")
+    message = (
+        f"ERROR: the tests wrote into the checkout's default SLUICE_HOME: {shown} (a process"
+        " ran without its test's SLUICE_HOME; `make demo` refuses a home it did not write)"
+    )
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(message, red=True, bold=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

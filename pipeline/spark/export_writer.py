@@ -38,8 +38,7 @@ from pipeline.spark.export_layout import (
     StagedFile,
     fsync_all,
 )
-from pipeline.spark.options import ExportOptions
-from pipeline.streams import open_store
+from pipeline.spark.options import ExportOptions, source_store
 
 HOUR_NS = 3600 * 10**9
 CHUNK_EVENTS = 1024
@@ -360,7 +359,7 @@ def range_events(
     """The events of one segment range, in chunks of at most CHUNK_EVENTS / CHUNK_BYTES."""
     columns: tuple[list, ...] = ([], [], [], [])
     size = 0
-    with open_store(store_uri) as store:
+    with source_store(store_uri) as store:
         for event in store.read_segment(stream, segment, span[0], span[1]):
             for column, value in zip(
                 columns,

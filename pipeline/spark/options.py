@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.spark.errors import OptionError
-from pipeline.streams import InvalidCut, InvalidName, InvalidRoutingKey, StreamCut, parse_stream
+from pipeline.streams import (
+    InvalidCut,
+    InvalidName,
+    InvalidRoutingKey,
+    NoStore,
+    StreamCut,
+    StreamStore,
+    open_store,
+    parse_stream,
+)
 from pipeline.streams.names import check_routing_key
 
 SOURCE = "sluice"
@@ -64,6 +73,16 @@ def _store(options: Mapping[str, str]) -> str:
     from pipeline.config import default_store_uri
 
     return _get(options, "store") or default_store_uri()
+
+
+def source_store(uri: str) -> StreamStore:
+    """The store a `sluice` source reads (its `store` option, or the store a range row names),
+    which must exist: a misspelt path is an error, not a new empty store left behind."""
+    try:
+        return open_store(uri, must_exist=True)
+    except NoStore as missing:
+        reason = f"no store at {missing.directory}: nothing was ever written there"
+        raise OptionError(SOURCE, "store", uri, reason) from None
 
 
 def _positive(source: str, options: Mapping[str, str], key: str, default: int | None) -> int | None:

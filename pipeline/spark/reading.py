@@ -29,12 +29,11 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pipeline.spark.errors import OptionError
-from pipeline.spark.options import SOURCE, SourceOptions, cut_option
+from pipeline.spark.options import SOURCE, SourceOptions, cut_option, source_store
 from pipeline.streams import (
     EventBatch,
     StreamCut,
     StreamStore,
-    open_store,
     parse_stream,
 )
 
@@ -124,7 +123,7 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
 
     The store hands out checked runs of blocks (`read_segment_batches`); their payloads go
     into the Arrow column with one copy each, and no Python object is made per event."""
-    with open_store(part.store) as store:
+    with source_store(part.store) as store:
         batches: list[EventBatch] = []
         count = size = 0
         for batch in store.read_segment_batches(part.stream, part.segment, part.start, part.end):
@@ -171,7 +170,7 @@ class SluiceBatchReader(DataSourceReader):
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        with open_store(opts.store) as store:
+        with source_store(opts.store) as store:
             self.start = resolve_cut(store, opts.stream, opts.starting, "startingCut")
             self.end = resolve_cut(store, opts.stream, opts.ending or "tail", "endingCut")
             check_order(self.start, self.end)
@@ -202,7 +201,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def store(self) -> StreamStore:
         if self._store is None:
-            self._store = open_store(self.opts.store)
+            self._store = source_store(self.opts.store)
         return self._store
 
     def initialOffset(self) -> dict:

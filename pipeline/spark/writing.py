@@ -24,7 +24,7 @@ from pyspark.sql.datasource import (
 
 from pipeline.spark.errors import SparkSourceError
 from pipeline.spark.ledger import LEDGER_VERSION, BatchLedger, BatchPlan, BatchRecord
-from pipeline.spark.options import SinkOptions
+from pipeline.spark.options import SinkOptions, source_store
 from pipeline.streams import StreamStore, Transaction, TxnFailed, TxnNotFound, open_store
 
 if TYPE_CHECKING:  # pyarrow is imported where tasks run, not in the driver's commit process
@@ -123,7 +123,7 @@ class _TaskWriter:
         if self.order is None:
             self.order = (row["segment"], row["start"])
         fixed = self.opts.routing_key
-        with open_store(row["store"]) as source:
+        with source_store(row["store"]) as source:
             events = source.read_segment(row["stream"], row["segment"], row["start"], row["end"])
             for event in events:
                 self.write_event(event.payload, event.routing_key if fixed is None else fixed)

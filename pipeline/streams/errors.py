@@ -330,6 +330,7 @@ class NoStore(StoreUnavailable):
     """An embedded store's directory does not exist: nothing was ever written there."""
 
     def __init__(self, uri: str, directory: str) -> None:
+        self.directory = directory
         reason = f"no store at {directory}: nothing was ever written there (check --store)"
         super().__init__(uri, reason)
 

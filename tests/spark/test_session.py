@@ -60,11 +60,30 @@ def test_java_options_add_to_the_quiet_log_configuration():
 
 
 @pytest.mark.spark
-def test_one_session_per_process_with_the_sources_registered(spark):
+def test_one_session_per_process_with_the_sources_registered(spark, store, store_dir):
     assert spark_session(SparkSettings(master="local[1]")) is spark  # the first settings win
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
     assert spark.conf.get("spark.driver.host") == "127.0.0.1"
     assert spark.sparkContext.master == "local[2]"
     df = spark.read.format("sluice").option("stream", "a/b")
     with pytest.raises(Exception, match="stream a/b does not exist"):
-        df.load().collect()
+        df.option("store", f"embedded:{store_dir}").load().collect()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("how", ["batch", "stream"])
+def test_a_source_read_from_no_store_leaves_none_behind(spark, tmp_path, how):
+    """A misspelt `store` option (or none, and no store at the default) is a clear error, not
+    a new empty store in which the stream then does not exist."""
+    missing = tmp_path / "no-such-store"
+    reader = spark.read if how == "batch" else spark.readStream
+    df = reader.format("sluice").option("store", f"embedded:{missing}").option("stream", "a/b")
+    expected = f"option store ('embedded:{missing}'): no store at {missing}: nothing was ever"
+    with pytest.raises(Exception, match=re.escape(expected)):
+        if how == "batch":
+            df.load().collect()
+        else:
+            df.load().writeStream.format("noop").trigger(
+                availableNow=True
+            ).start().awaitTermination()
+    assert not missing.exists()

@@ -156,10 +156,11 @@ def store_uri(args: argparse.Namespace) -> str:
 
 
 def check_stream(store: str, stream: str) -> None:
-    """Fail fast (before Spark starts) when the stream does not exist."""
+    """Fail fast (before Spark starts) when the stream, or its whole store, does not exist (a
+    job reads its source: a misspelt --store leaves no new, empty store behind)."""
     from pipeline.streams import open_store
 
-    with open_store(store) as opened:
+    with open_store(store, must_exist=True) as opened:
         opened.info(stream)
 
 

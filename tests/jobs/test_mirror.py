@@ -137,13 +137,25 @@ def test_a_checkpoint_of_another_job_is_refused(spark, edge, store_dir, tmp_path
         )
 
 
-def test_an_unknown_stream_is_one_clear_line(store_dir, capsys):
+def test_an_unknown_stream_is_one_clear_line(store, store_dir, capsys):
     code = cli.main(
         ["--store", f"embedded:{store_dir}", "run", "mirror", "--stream", "no/such", "--to", "a/b"]
     )
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("sluice: error: stream no/such does not exist")
+
+
+@pytest.mark.parametrize("job", ["mirror", "console"])
+def test_a_store_that_does_not_exist_is_one_clear_line_and_stays_so(tmp_path, capsys, job):
+    missing = tmp_path / "no-such-store"
+    extra = ["--to", "c/d"] if job == "mirror" else []
+    code = cli.main(["--store", f"embedded:{missing}", "run", job, "--stream", "a/b", *extra])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"no store at {missing}: nothing was ever written there (check --store)" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not missing.exists()
     assert len(err.strip().splitlines()) == 1
 
 

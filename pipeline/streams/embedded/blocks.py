@@ -95,10 +95,6 @@ def checksum_for(magic: bytes) -> Checksum:
     return crc32c
 
 
-#: The checksum of the blocks this process writes.
-checksum = checksum_for(BLOCK_MAGIC)
-
-
 def body_magic(recorded: int, body_len: int) -> bytes:
     """The block version a transaction body's recorded checksum belongs to: a body first
     flushed by a process that wrote version-1 blocks has a bare CRC-32 and lands as one; an

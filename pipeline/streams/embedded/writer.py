@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from pipeline.streams.api import EventWriter
 from pipeline.streams.embedded import blocks
-from pipeline.streams.embedded.blocks import encode_header
+from pipeline.streams.embedded.blocks import checksum_for, encode_header
 from pipeline.streams.embedded.catalog import now_ns
 from pipeline.streams.embedded.engine import Engine, encode_pieces
 from pipeline.streams.embedded.index import StreamRow
@@ -132,10 +132,12 @@ class EmbeddedWriter(EventWriter):
                 if not events:
                     return []
             body = [piece for _, _, pieces in events for piece in pieces]
-            crc = 0
+            magic = blocks.BLOCK_MAGIC  # read once: the header names the sum computed here
+            sums, crc = checksum_for(magic), 0
             for piece in body:
-                crc = blocks.checksum(piece, crc)
+                crc = sums(piece, crc)
             header = encode_header(
+                magic=magic,
                 body_crc=crc,
                 body_len=sum(map(len, body)),
                 events=len(events),

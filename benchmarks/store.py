@@ -24,6 +24,8 @@
    - the floor of a checked read that returns each event as its own bytes: the plain file
      read in 1 MiB pieces, the block checksum over each, each event copied out, no per-event
      Python (the per-event API's ratio to the floor is what its Python costs);
+   - what a Spark range task does with the batches: `read_range`, each segment's range into
+     Arrow batches of the `sluice` source's columns (each task opens the store; no Spark);
    and `verify` (every stored block checked, nothing returned) over the same store. Best of
    several rounds taken in turns, also in CPU time (steadier on a machine shared with others).
 
@@ -46,11 +48,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.compute as pc
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results import Figure, Recorder  # benchmarks/results.py, beside this script
 
 from pipeline.durable import fsync_dir
+from pipeline.spark.reading import SegmentRange, read_range
 from pipeline.streams import open_store
 from pipeline.streams.embedded.blocks import BLOCK_MAGIC, checksum_for
 
@@ -247,7 +252,8 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
     plain = sorted(workdir.glob("plain-4-*"))
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
-    with open_store(f"embedded:{store_dir}") as store:
+    uri = f"embedded:{store_dir}"
+    with open_store(uri) as store:
         head, tail = store.head(STREAM), store.tail(STREAM)
 
         def sluice() -> int:
@@ -255,6 +261,17 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
 
         def batches() -> int:
             return sum(batch.nbytes for batch in store.read_batches(STREAM, head, tail))
+
+        parts = [SegmentRange(uri, STREAM, seg, a, b) for seg, a, b in head.spans_until(tail)]
+
+        def spark_range() -> int:
+            """What the Spark range tasks do: each segment's range read into Arrow batches of
+            the source's columns (`read_range`, the store opened by each task)."""
+            return sum(
+                pc.sum(pc.binary_length(rb.column("payload"))).as_py()
+                for part in parts
+                for rb in read_range(part)
+            )
 
         def plain_file() -> int:
             total = 0
@@ -284,6 +301,7 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
             ("plain", plain_file),
             ("batches", batches),
             ("floor", floor),
+            ("spark", spark_range),
         )
         for _ in range(rounds + 1):  # the first round warms the page cache
             for name, read in contenders:
@@ -315,6 +333,7 @@ def read_figures(wall: dict[str, float], cpu: dict[str, float], nbytes: int) -> 
         ("store.read (an Event per event)", "sluice", "plain", peer, ">= 0.80"),
         ("store.read (an Event per event)", "sluice", "floor", floor, ""),
         ("store.read_batches (Spark's)", "batches", "plain", peer, ">= 0.80"),
+        ("the Spark range task (read_range: Arrow batches)", "spark", "plain", peer, ""),
     )
     figures = []
     for seconds, unit in ((wall, ""), (cpu, ", per CPU second")):

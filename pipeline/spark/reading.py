@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from itertools import accumulate, pairwise
+from itertools import pairwise
 from pathlib import Path
 
 import pyarrow as pa
@@ -121,48 +121,88 @@ def read_partition(part: SegmentRange, emit: str) -> Iterator[pa.RecordBatch]:
 def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     """The events of one range as Arrow batches of the source's schema (executor side).
 
-    The store hands out checked runs of blocks (`read_segment_batches`); their payloads go
-    into the Arrow column with one copy each, and no Python object is made per event."""
+    The store hands out checked runs of blocks (`read_segment_batches`). Each run's payloads
+    are copied at once into the Arrow buffer of the batch being built and the run is let go,
+    so the store reads the next run into the same warm buffer; no Python object is made per
+    event. (Runs kept until their Arrow batch was built each took a fresh buffer, and joining
+    their payloads a fresh 32 MiB: a range read ran at a tenth of a plain file read.)"""
     with source_store(part.store) as store:
-        batches: list[EventBatch] = []
-        count = size = 0
+        building: ArrowBatch | None = None
         for batch in store.read_segment_batches(part.stream, part.segment, part.start, part.end):
-            batches.append(batch)
-            count, size = count + len(batch), size + batch.nbytes
-            if count >= BATCH_EVENTS or size >= BATCH_BYTES:
-                yield _record_batch(part, batches)
-                batches, count, size = [], 0, 0
-        if batches:
-            yield _record_batch(part, batches)
+            if building is not None and batch.nbytes > building.room:
+                yield building.done()
+                building = None
+            if building is None:
+                building = ArrowBatch(part, batch.nbytes, part.end - batch.offsets[0])
+            building.add(batch)
+            del batch  # (its run buffer is free for the next run)
+            if building.count >= BATCH_EVENTS or building.room == 0:
+                yield building.done()
+                building = None
+        if building is not None:
+            yield building.done()
 
 
-def _record_batch(part: SegmentRange, batches: list[EventBatch]) -> pa.RecordBatch:
-    count = sum(len(b) for b in batches)
-    # Timestamps are built from int64 values: converting Python ints to a time-zoned
-    # timestamp type makes pyarrow import pandas (seconds, once per worker).
-    ingest = pa.array([ns // 1000 for b in batches for ns in b.ingest_times_ns], pa.int64())
-    columns = [
-        pa.array([part.stream] * count, pa.string()),
-        pa.array([part.segment] * count, pa.int32()),
-        pa.array([o for b in batches for o in b.offsets], pa.int64()),
-        pa.array([o for b in batches for o in b.end_offsets], pa.int64()),
-        pa.array([k for b in batches for k in b.routing_keys], pa.string()),
-        _payloads(batches, count),
-        ingest.view(pa.timestamp("us", tz="UTC")),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+class ArrowBatch:
+    """One Arrow batch of a range being built from the store's batches: its columns, and the
+    payloads copied into one Arrow buffer of `BATCH_BYTES` (less when the rest of the range
+    is smaller; more for a run that is larger), cut to what it holds when done."""
 
+    def __init__(self, part: SegmentRange, first: int, rest_of_range: int) -> None:
+        self.part = part
+        self._values = pa.allocate_buffer(
+            max(first, min(BATCH_BYTES, rest_of_range)), resizable=True
+        )
+        self._view = memoryview(self._values).cast("B")
+        self._size = 0
+        self.count = 0
+        self._offsets: list[int] = []
+        self._ends: list[int] = []
+        self._keys: list[str | None] = []
+        self._stops: list[int] = []  # where each payload ends in the buffer
+        self._times_us: list[int] = []
 
-def _payloads(batches: list[EventBatch], count: int) -> pa.Array:
-    """The payload column: every payload copied once, straight from the run buffers."""
-    values = b"".join(
-        b.data[at:until] for b in batches for at, until in zip(b.starts, b.ends, strict=True)
-    )
-    lengths = (until - at for b in batches for at, until in zip(b.starts, b.ends, strict=True))
-    offsets = pa.array([0, *accumulate(lengths)], pa.int32())
-    return pa.Array.from_buffers(
-        pa.binary(), count, [None, offsets.buffers()[1], pa.py_buffer(values)]
-    )
+    @property
+    def room(self) -> int:
+        """Payload bytes still free in the buffer."""
+        return len(self._view) - self._size
+
+    def add(self, batch: EventBatch) -> None:
+        """Copy the payloads of `batch` in and take its columns (the batch is not kept)."""
+        data, view, at, stops = memoryview(batch.data), self._view, self._size, self._stops
+        for start, end in zip(batch.starts, batch.ends, strict=True):
+            stop = at + end - start
+            view[at:stop] = data[start:end]
+            stops.append(stop)
+            at = stop
+        self._size = at
+        self.count += len(batch)
+        self._offsets += batch.offsets
+        self._ends += batch.end_offsets
+        self._keys += batch.routing_keys
+        # Timestamps are built from int64 values: converting Python ints to a time-zoned
+        # timestamp type makes pyarrow import pandas (seconds, once per worker).
+        self._times_us += [ns // 1000 for ns in batch.ingest_times_ns]
+
+    def done(self) -> pa.RecordBatch:
+        """The Arrow batch; its payload buffer cut to what it holds."""
+        self._view.release()
+        self._values.resize(self._size, shrink_to_fit=True)
+        offsets = pa.array([0, *self._stops], pa.int32())
+        payloads = pa.Array.from_buffers(
+            pa.binary(), self.count, [None, offsets.buffers()[1], self._values]
+        )
+        ingest = pa.array(self._times_us, pa.int64())
+        columns = [
+            pa.array([self.part.stream] * self.count, pa.string()),
+            pa.array([self.part.segment] * self.count, pa.int32()),
+            pa.array(self._offsets, pa.int64()),
+            pa.array(self._ends, pa.int64()),
+            pa.array(self._keys, pa.string()),
+            payloads,
+            ingest.view(pa.timestamp("us", tz="UTC")),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 class SluiceBatchReader(DataSourceReader):

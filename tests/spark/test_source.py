@@ -240,3 +240,67 @@ def test_a_range_read_as_arrow_holds_every_event_of_the_range(store, store_uri, 
     assert table.column("segment").to_pylist() == [segment] * len(expected)
     ingest = table.column("ingest_time").cast(pa.int64()).to_pylist()
     assert ingest == [e.ingest_time_ns // 1000 for e in expected]
+
+
+def whole_segment(store, store_uri, source) -> SegmentRange:
+    segment = next(s for s, off in store.tail(source).positions if off > 0)
+    return SegmentRange(store_uri, source, segment, 0, store.tail(source).offset(segment))
+
+
+def test_arrow_batches_are_cut_where_the_next_run_does_not_fit_or_enough_events_are_in(
+    store, store_uri, source, monkeypatch
+):
+    """A range's Arrow batches: runs of blocks are added whole while their payloads fit in
+    `BATCH_BYTES` and fewer than `BATCH_EVENTS` events are in; a run larger than the bytes
+    is a batch of its own. Every event is in one batch, in order."""
+    from pipeline.spark import reading as spark_reading
+    from pipeline.streams.embedded import reading as store_reading
+
+    monkeypatch.setattr(store_reading, "RUN_BYTES", 16_384)  # a 24 KB block is a run
+    monkeypatch.setattr(spark_reading, "BATCH_BYTES", 100_000)
+    monkeypatch.setattr(spark_reading, "BATCH_EVENTS", 40)
+    with store.writer(source) as w:
+        for block in range(30):  # 30 runs of 4 events of 6,000 bytes
+            for i in range(4):
+                w.write(bytes([block, i]) * 3_000, routing_key="k")
+            w.flush()
+        w.write(b"L" * 300_000, routing_key="k")  # one run of one event: larger than a batch
+        w.flush()
+        for block in range(20):  # small blocks, read as one run of 200 events
+            for i in range(10):
+                w.write(b"%03d%03d...." % (block, i), routing_key="k")
+            w.flush()
+
+    part = whole_segment(store, store_uri, source)
+    batches = list(read_range(part))
+
+    events = list(store.read_segment(source, part.segment, 0))
+    shapes = [(b.num_rows, len(b.column("payload").buffers()[2])) for b in batches]
+    assert shapes == [(16, 96_000)] * 7 + [(8, 48_000), (1, 300_000), (200, 2_000)]
+    table = pa.Table.from_batches(batches)
+    assert table.column("payload").to_pylist() == [e.payload for e in events]
+    assert table.column("offset").to_pylist() == [e.offset for e in events]
+
+
+def test_a_range_read_into_arrow_lets_each_run_go_before_reading_the_next(
+    store, store_uri, source, monkeypatch
+):
+    """Each run's payloads are copied into the Arrow batch at once, so the store reads every
+    run of a range into one warm buffer: no new buffer (page faults on fresh memory) per run
+    while a 32 MiB batch fills, which made a range read a tenth as fast as a plain file."""
+    import mmap
+
+    with store.writer(source) as w:
+        for block in range(40):  # 40 runs of one 1 MiB block each, one Arrow batch
+            for _ in range(16):
+                w.write(bytes([block]) * 65_536, routing_key="k")
+            w.flush()
+    part = whole_segment(store, store_uri, source)
+    made = []
+    real = mmap.mmap
+    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: made.append(a) or real(*a, **k))
+
+    batches = list(read_range(part))
+
+    assert sum(b.num_rows for b in batches) == 640
+    assert len(made) == 1, f"{len(made)} run buffers made for 40 runs"

@@ -13,6 +13,7 @@ from pipeline.streams import Event, open_store
 from pipeline.streams.embedded.blocks import (
     EVENT,
     BadBlock,
+    _equal_frames,
     encode_event,
     encode_header,
     frame_at,
@@ -90,6 +91,61 @@ def test_every_frame_is_checked(damage, problem):
     _, body = block(events)
     with pytest.raises(BadBlock, match=re.escape(problem)):
         frames_of(events, damage(body))
+
+
+def walked(events: list[tuple[bytes, str | None]]) -> list:
+    """A block's frames worked out frame by frame with `frame_at`, as a reader expects them."""
+    head, body = block(events)
+    frames, pos = [], 0
+    for i in range(len(events)):
+        key, at, length = frame_at(body, pos)
+        start = AT if i == 0 else AT + len(head) + pos
+        frames.append((start, AT + len(head) + at + length, key, at, at + length))
+        pos = at + length
+    return frames
+
+
+@pytest.mark.parametrize("key", ["k", None, "\u00e9t\u00e9", "x" * 300])
+@pytest.mark.parametrize(("count", "size"), [(2, 0), (3, 1), (1000, 17), (16, 65_536)])
+def test_a_block_of_equal_frames_is_read_as_any_other(key, count, size):
+    """Events of one length under one key (fixed-size samples) are checked in one pass: the
+    same frames as a walk over them gives."""
+    events = [(bytes([i % 251]) * size, key) for i in range(count)]
+    head, body = block(events)
+    assert _equal_frames(memoryview(body), parse_header(head, 0, AT)) is not None  # one pass
+    frames = frames_of(events)
+    assert frames == walked(events)
+    assert [body[f[3] : f[4]] for f in frames] == [payload for payload, _ in events]
+
+
+def _second_head(body: bytes, length: int, new: bytes, at: int = 0) -> bytes:
+    """`body` of three equal frames of `length` bytes with bytes `at` of the second replaced."""
+    return body[: length + at] + new + body[length + at + len(new) :]
+
+
+def _every_key(body: bytes, length: int, new: bytes) -> bytes:
+    """`body` of three equal frames of `length` bytes with each one-byte key replaced."""
+    frames = [body[i * length : (i + 1) * length] for i in range(3)]
+    return b"".join(f[: EVENT.size] + new + f[EVENT.size + 1 :] for f in frames)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda b, n: _second_head(b, n, b"XX"), "an event frame has no magic"),
+        (lambda b, n: b[: 2 * n] + EVENT.pack(b"SE", 1, 6) + b[2 * n + 8 :], "event 3 of 3 runs"),
+        (lambda b, n: b + b"!", "1 bytes follow the last of 3 events"),
+        (lambda b, n: _second_head(b, n, b"\xff", EVENT.size), "a routing key is not UTF-8"),
+        (lambda b, n: _every_key(b, n, b"\xff"), "a routing key is not UTF-8"),
+    ],
+)
+def test_a_damaged_frame_among_equal_ones_is_found(damage, problem):
+    """A block that is not equal frames throughout, or whose one key is not UTF-8, is walked
+    frame by frame and refused where the walk finds the fault."""
+    events = [(b"12345", "k")] * 3
+    _, body = block(events)
+    with pytest.raises(BadBlock, match=re.escape(problem)):
+        frames_of(events, damage(body, len(body) // 3))
 
 
 def test_a_read_returns_mixed_keys_in_one_block(tmp_path):

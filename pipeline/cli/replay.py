@@ -111,7 +111,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         wanted = "two --model options to compare" if comparing else "one --model"
         raise ModelError(args.model[0], f"give {wanted}")
     with (
-        open_store(args.store) as store,
+        open_store(args.store, must_exist=True) as store,
         Progress.of(args).task("replay compare" if comparing else "replay") as task,
     ):
         task.stage(f"finding slice {slice_id}")

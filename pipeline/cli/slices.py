@@ -68,7 +68,7 @@ def _run_slices_create(args: argparse.Namespace) -> int:
     from pipeline.streams import open_store
 
     start, end = parse_time_ns(args.start), parse_time_ns(args.end)
-    with open_store(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         record = time_window_slice(
             store, args.stream, start, end, sensor=args.sensor, sensor_by=args.sensor_by
         )

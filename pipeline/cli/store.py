@@ -223,7 +223,7 @@ def cmd_write(args: argparse.Namespace) -> int:
     unflushed, since = 0, 0.0  # lines not flushed yet; when the first of them came
     with (
         Interruptible(lines_as_they_come(standard_input(), INPUT_PAUSE_S)) as lines,
-        open_store(args.store) as store,
+        open_store(args.store, must_exist=True) as store,
         store.writer(args.stream) as writer,
     ):
         for line in lines:
@@ -285,7 +285,7 @@ def cmd_cut(args: argparse.Namespace) -> int:
 
 
 def cmd_truncate(args: argparse.Namespace) -> int:
-    with open_store(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         store.truncate(resolve_cut(store, args.stream, args.cut))
         print(f"truncated {args.stream}; head is now {store.head(args.stream).text}")
     return 0
@@ -302,7 +302,7 @@ def cmd_retain(args: argparse.Namespace) -> int:
             "policy itself (every controller.retention.frequency.minutes)"
         )
         return 0
-    with open_store(uri) as store:
+    with open_store(uri, must_exist=True) as store:
         if args.streams:
             for name in args.streams:
                 print(retain(store, name, named=True))
@@ -359,7 +359,7 @@ def policy_text(retention: Retention) -> str | None:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    with open_store(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         if args.split is not None:
             created = store.split_segment(args.stream, args.split, args.parts)
         elif args.merge:
@@ -372,14 +372,14 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
-    with open_store(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         store.seal_stream(args.stream)
     print(f"sealed {args.stream}")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    with open_store(args.store) as store:
+    with open_store(args.store, must_exist=True) as store:
         store.delete_stream(args.stream)
     print(f"deleted {args.stream}")
     return 0
@@ -407,7 +407,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    with open_store(args.store) as store, Progress.of(args).task("repair") as task:
+    with open_store(args.store, must_exist=True) as store, Progress.of(args).task("repair") as task:
         report = store.repair(args.stream, task.count)
     for problem in report.fixed:
         print(f"fixed: {problem}")

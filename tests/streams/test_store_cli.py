@@ -193,12 +193,30 @@ def test_errors_are_one_clear_line(sluice, args, message):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("action", [("info", "a/b"), ("read", "a/b"), ("cut", "a/b"), ("verify",)])
-def test_looking_at_a_store_that_does_not_exist_never_creates_it(sluice, tmp_path, action):
+@pytest.mark.parametrize(
+    "action",
+    [
+        ("store", "info", "a/b"),
+        ("store", "read", "a/b"),
+        ("store", "cut", "a/b"),
+        ("store", "verify"),
+        ("store", "repair"),
+        ("store", "write", "a/b"),
+        ("store", "truncate", "a/b", "tail"),
+        ("store", "retain"),
+        ("store", "scale", "a/b", "--split", "0"),
+        ("store", "seal", "a/b"),
+        ("store", "delete", "a/b"),
+        ("slices", "create", "a/b", "--from", "2026-01-01T00:00Z", "--to", "2026-01-02T00:00Z"),
+        ("replay", "s1", "--model", "pipeline.models.nic:throughput"),
+    ],
+)
+def test_a_store_that_does_not_exist_is_never_created_but_by_create(sluice, tmp_path, action):
     """A misspelt --store used to be opened as a new store: a directory with a catalog was
-    left behind, and the command went on as if the store were empty."""
+    left behind, and the command went on as if the store were empty (`repair` even said
+    "repaired"). Only `store create` makes a store."""
     typo = tmp_path / "typo"
-    proc = sluice("--store", f"embedded:{typo}", "store", *action, ok=False)
+    proc = sluice("--store", f"embedded:{typo}", *action, stdin="x\n", ok=False)
     assert f"no store at {typo}: nothing was ever written there" in proc.stderr
     assert proc.stderr.count("\n") == 1
     listed = sluice("--store", f"embedded:{typo}", "store", "list")

@@ -189,7 +189,8 @@ class Corrupted(StreamStoreError):
         return (
             f"stream {self.stream} segment {self.segment} is damaged at offset {self.offset}:"
             f" {self.problem}. Run `sluice store verify {self.stream}` to list the damage and"
-            " `sluice store repair` to fix what can be fixed"
+            " `sluice store repair` to fix what can be fixed (and for what it cannot, the cut"
+            " that reads on after it)"
         )
 
 

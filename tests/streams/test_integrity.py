@@ -208,6 +208,30 @@ def test_damage_in_the_unindexed_tail_is_not_cut_away_on_open(store, store_dir):
         assert payloads(again.read("d/tail", after))[:-1] == written[15:]
 
 
+def test_damage_repair_cannot_fix_is_listed_on_every_run_with_the_cut_past_it(store, store_dir):
+    """Bytes that are no block with valid blocks after them, past the index: repair indexes
+    the blocks after them (a cut reaches them) and seals the segment. Every later repair, as
+    verify, still lists the damage (a second one said "nothing left" while verify and reads
+    failed) and names the command, with the whole cut, that reads on after it."""
+    store.create_stream("d/hole")
+    written = write_blocks(store, "d/hole", blocks=6)
+    events = list(store.read("d/hole"))
+    store.close()
+    lose_index_rows(store_dir, after=events[10].offset)
+    flip(segment_path(store_dir, "d/hole", 0), events[12].offset)
+    damage = events[10].offset
+    with open_store(f"embedded:{store_dir}") as again:
+        runs = [again.repair("d/hole") for _ in range(3)]
+        assert [[p.offset for p in run.unfixed] for run in runs] == [[damage]] * 3
+        assert [(p.segment, p.offset) for p in again.verify("d/hole").problems] == [(0, damage)]
+        with pytest.raises(Corrupted, match="the cut that reads on after it"):
+            list(again.read("d/hole"))
+        command = re.search(r"`sluice store read d/hole --from (\S+)`", runs[-1].unfixed[0].what)
+        assert command, runs[-1].unfixed[0].what
+        past = payloads(again.read("d/hole", StreamCut.parse(command[1])))
+        assert past == written[15:]
+
+
 def lose_index_rows(store_dir: Path, after: int) -> None:
     conn = sqlite3.connect(store_dir / "catalog.db")
     conn.execute("DELETE FROM blocks WHERE offset >= ?", (after,))

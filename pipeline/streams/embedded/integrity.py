@@ -251,15 +251,19 @@ def repair_segment(engine: Engine, row: StreamRow, segment: int, tally: Tally) -
             if found is None or found.length != block.length:
                 what = (
                     f"a damaged block of {counted(block.events, 'event')} that cannot be read;"
-                    f" reads stop here, a cut at offset {block.end} reads on after it"
+                    f" reads stop here, {read_past(engine, row, segment, block.end)}"
                 )
                 add(tally, row, segment, block.offset, what)
-        for bad, later in survey.damaged:
-            if bad >= end:
-                what = f"{counted(later - bad, 'byte')} are no valid block"
-                what += f" (valid blocks follow at {later})"
-                add(tally, row, segment, bad, what)
+        # Valid blocks past bytes that are no block are indexed too, so that a cut past the
+        # damage reaches them: the damage is then a hole in the index, reported on every run
+        # until a person decides (the segment is sealed; its writes continue in a new one).
         engine.index_blocks(row, segment, [h for h in survey.blocks if h.offset >= end])
+        for at, later in index_holes(engine.blocks(row, segment, start, END), start):
+            what = (
+                f"{counted(later - at, 'byte')} that are no valid block; reads stop here,"
+                f" {read_past(engine, row, segment, later)}"
+            )
+            add(tally, row, segment, at, what)
         if survey.torn_tail is not None and survey.size > end:
             cut_at = max(survey.torn_tail[0], end)
             segfile.repair(cut_at)
@@ -271,6 +275,25 @@ def repair_segment(engine: Engine, row: StreamRow, segment: int, tally: Tally) -
         engine.clear_damage(row, segment)
         tally.fixed.append(Problem(row.qualified, segment, None, "cleared its damage mark", True))
     return whole
+
+
+def index_holes(rows: list, start: int) -> list[tuple[int, int]]:
+    """(where, up to where) of each stretch between `start` and the last of the index rows
+    `rows` that no row covers."""
+    holes, expected = [], start
+    for block in rows:
+        if block.offset > expected:
+            holes.append((expected, block.offset))
+        expected = max(expected, block.end)
+    return holes
+
+
+def read_past(engine: Engine, row: StreamRow, segment: int, offset: int) -> str:
+    """How to read on after damage that ends at `offset`: the cut there (every other segment
+    at its head), as `sluice store read --from` takes it."""
+    head = engine.head(row)
+    cut = head.moved_to({**head.segments, segment: offset})
+    return f"`sluice store read {row.qualified} --from {cut.text}` reads on after it"
 
 
 def drop_lost_rows(

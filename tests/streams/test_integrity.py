@@ -330,6 +330,34 @@ def test_an_older_catalog_copy_is_refused(store_dir, tmp_path):
             store.list_streams()
 
 
+def test_a_catalog_restored_from_before_a_scale_is_refused_and_repair_finds_the_events_after(
+    store_dir, tmp_path
+):
+    """A catalog copied back from before a scale knows nothing of the new segments: taken as
+    it was, it hid every event written to them (and sent writes to the sealed segment again).
+    It is refused, and `repair` rebuilds the catalog from the data files with them."""
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("c/scaled")
+        before = write_blocks(store, "c/scaled", blocks=2)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    for path in store_dir.glob("catalog.db*"):
+        shutil.copy(path, saved / path.name)
+    with open_store(f"embedded:{store_dir}") as store:
+        store.split_segment("c/scaled", 0, 2)
+        after = write_blocks(store, "c/scaled", blocks=2, key="k")
+    for path in store_dir.glob("catalog.db*"):
+        path.unlink()
+    for path in saved.iterdir():
+        shutil.copy(path, store_dir / path.name)
+    with open_store(f"embedded:{store_dir}") as store:
+        with pytest.raises(CatalogMismatch, match="segments the catalog does not know"):
+            list(store.read("c/scaled"))
+        assert store.repair().ok
+        assert payloads(store.read("c/scaled")) == before + after
+        assert [s.sealed for s in store.info("c/scaled").segments] == [True, False, False]
+
+
 def test_another_stores_catalog_is_refused(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     for root in (one, two):

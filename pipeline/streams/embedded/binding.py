@@ -62,6 +62,7 @@ def refuse_newer_store_file(root: Path) -> None:
 
 def _bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) -> str:
     on_disk = stream_ids_on_disk(root)  # before the catalog is read: see `_unknown_streams`
+    written = _written_segments(root, on_disk)  # likewise (`_unknown_segments`)
     file_id = read_store_id(root)
     version, store_id = catalog.identity()
     if version is None or store_id is None:
@@ -82,7 +83,52 @@ def _bind(root: Path, catalog: Catalog, head_block: Callable[[int], HeadBlock]) 
             " the catalog is older than the data"
         )
         raise CatalogMismatch(path, reason)
+    unknown = _unknown_segments(catalog, written)
+    if unknown:
+        reason = (
+            f"the data files hold segments the catalog does not know ({', '.join(unknown)}):"
+            " the catalog is older than the data (a restored copy?)"
+        )
+        raise CatalogMismatch(path, reason)
     return store_id
+
+
+def _written_segments(root: Path, on_disk: list[int]) -> dict[int, list[int]]:
+    """The segments of each stream directory whose file holds data."""
+    written: dict[int, list[int]] = {}
+    for stream_id in on_disk:
+        for path in (root / "data" / str(stream_id)).glob("*.seg"):
+            if path.stem.isascii() and path.stem.isdigit() and path.stat().st_size > 0:
+                written.setdefault(stream_id, []).append(int(path.stem))
+    return written
+
+
+def _unknown_segments(catalog: Catalog, written: dict[int, list[int]]) -> list[str]:
+    """Segments with data of live streams the catalog knows, that it has no row of: what a
+    catalog restored from before a scale misses (the events written to the new segments).
+
+    The files are listed before the catalog is read: a segment is committed (and so known)
+    before its file is first written."""
+    unknown = []
+    for stream_id, segments in sorted(written.items()):
+        row = catalog.query_one(
+            "SELECT scope || '/' || name FROM streams WHERE id=? AND deleted=0",
+            (stream_id,),
+            unchecked=True,
+        )
+        if row is None:
+            continue  # unknown streams are `_unknown_streams`' to find; deleted ones are gone
+        known = {
+            seg
+            for (seg,) in catalog.query(
+                "SELECT segment FROM segments WHERE stream_id=?", (stream_id,), unchecked=True
+            )
+        }
+        missing = sorted(set(segments) - known)
+        if missing:
+            listed = ", ".join(map(str, missing))
+            unknown.append(f"{row[0]} {'segment' if len(missing) == 1 else 'segments'} {listed}")
+    return unknown
 
 
 def _upgrade(root: Path, catalog: Catalog, store_id: str) -> None:

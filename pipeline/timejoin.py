@@ -28,12 +28,16 @@ import pyarrow as pa
 from pipeline import durable
 from pipeline.errors import SluiceError
 from pipeline.outputs import check_writable, refusal
+from pipeline.wording import agreeing, counted
 
 Side = Literal["left", "right"]
+OutputFormat = Literal["parquet", "csv"]
 STATE_VERSION = 1
 NS = 1_000_000_000
 #: What running `join_files` again does after its disk refused the output (`OutputNotWritable`)
 RERUN = "the output file is written whole or not at all"
+#: The output's format by its extension (lower case), as the inputs are read (`read_series`)
+OUTPUT_FORMATS: dict[str, OutputFormat] = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
 class JoinInputError(SluiceError, ValueError):
@@ -46,7 +50,8 @@ class JoinInputError(SluiceError, ValueError):
 
 
 class JoinOutputError(SluiceError, ValueError):
-    """A join output that cannot be written: one of the inputs, or a directory."""
+    """A join output that cannot be written: one of the inputs, a directory, a file type
+    other than Parquet or CSV, or columns that CSV cannot hold."""
 
     def __init__(self, output: str, reason: str) -> None:
         self.output, self.reason = output, reason
@@ -212,7 +217,10 @@ def _times_of(table: pa.Table, time_column: str, name: str) -> np.ndarray:
     if pa.types.is_null(column.type) and not len(column):
         return np.empty(0, dtype=np.float64)  # a CSV with a header and no rows
     if column.null_count:
-        reason = f"{column.null_count} record(s) have no {time_column!r}: fill or drop them first"
+        records = counted(column.null_count, "record")
+        have = agreeing(column.null_count, "has", "have")
+        them = agreeing(column.null_count, "it", "them")
+        reason = f"{records} {have} no {time_column!r}: fill or drop {them} first"
         raise JoinInputError(name, reason)
     kind = column.type
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_timestamp(kind)):
@@ -535,15 +543,27 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def check_output(output: Path, inputs: Sequence[Path]) -> None:
-    """Refuse an output that is a directory or one of the inputs (the same file after
-    resolving the paths, symbolic links and hard links): writing it would destroy an input;
-    or one that cannot be written (`check_writable`: a file in the way of its directory, a
-    read-only or full filesystem)."""
+def output_format(output: Path) -> OutputFormat:
+    """The format the output is written in, by its extension (`OUTPUT_FORMATS`); any other
+    extension is refused (`JoinOutputError`), so a file is never named for another format."""
+    suffix = Path(output).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        what = f"{suffix!r} is no format the join writes" if suffix else "it has no extension"
+        reason = f"{what}: end the name in .parquet (Parquet) or .csv (CSV)"
+        raise JoinOutputError(str(output), reason)
+    return OUTPUT_FORMATS[suffix]
+
+
+def check_output(output: Path, inputs: Sequence[Path]) -> OutputFormat:
+    """The output's format (`output_format`), after refusing an output that is a directory
+    or one of the inputs (the same file after resolving the paths, symbolic links and hard
+    links): writing it would destroy an input; or one that cannot be written
+    (`check_writable`: a file in the way of its directory, a read-only or full filesystem)."""
     output = Path(output)
     if output.is_dir():
         reason = "it is a directory: give a file name, such as DIR/pairs.parquet"
         raise JoinOutputError(str(output), reason)
+    kind = output_format(output)
     check_writable(output, "output file", file=True)
     for source in inputs:
         same = output.resolve() == Path(source).resolve()
@@ -552,12 +572,19 @@ def check_output(output: Path, inputs: Sequence[Path]) -> None:
         if same:
             reason = f"it is the input {source}: choose another output file"
             raise JoinOutputError(str(output), reason)
+    return kind
 
 
-def write_pairs(table: pa.Table, path: Path) -> None:
-    """The joined rows as Parquet (snappy), dictionary-encoding only text and binary columns:
-    sensor names repeat, while times and readings rarely do, and trying a dictionary on them
-    first costs about as much as writing them."""
+def write_pairs(table: pa.Table, path: Path, kind: OutputFormat = "parquet") -> None:
+    """The joined rows as CSV with a header row, as `read_series` reads them back (ISO 8601
+    timestamps, an empty cell for a null), or as Parquet (snappy), dictionary-encoding only
+    text and binary columns: sensor names repeat, while times and readings rarely do, and
+    trying a dictionary on them first costs about as much as writing them."""
+    if kind == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, path)
+        return
     import pyarrow.parquet as pq
 
     texts = [
@@ -572,6 +599,15 @@ def write_pairs(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path, use_dictionary=texts or False)
 
 
+def check_csv_columns(table: pa.Table, output: Path) -> None:
+    """Refuse (`JoinOutputError`) columns that a CSV cell cannot hold: lists, structs, maps."""
+    nested = [f"{f.name} ({f.type})" for f in table.schema if pa.types.is_nested(f.type)]
+    if nested:
+        hold = agreeing(len(nested), "holds", "hold")
+        reason = f"{', '.join(nested)} {hold} nested values, which CSV cannot: write .parquet"
+        raise JoinOutputError(str(output), reason)
+
+
 def join_files(
     left: Path,
     right: Path,
@@ -579,18 +615,21 @@ def join_files(
     time_column: str = "time",
     max_gap: float | None = None,
 ) -> JoinResult:
-    """Join two files into one Parquet file (written to a temporary name, then renamed).
+    """Join two files into one Parquet or CSV file, by the output's extension (written to a
+    temporary name, then renamed).
 
-    The output may be neither a directory nor one of the inputs; the inputs are only read.
-    Delivery: exactly-once for the output file: a crash leaves either no file or the whole
-    one, and re-running replaces it with identical rows.
+    The output may be neither a directory, nor one of the inputs, nor of another extension;
+    the inputs are only read. Delivery: exactly-once for the output file: a crash leaves
+    either no file or the whole one, and re-running replaces it with identical rows.
     """
     check_max_gap(max_gap)
-    check_output(output, (left, right))
+    kind = check_output(output, (left, right))
     result = join_tables(read_series(left), read_series(right), time_column, max_gap)
+    if kind == "csv":
+        check_csv_columns(result.table, output)
     try:
         with durable.atomic_path(output) as staging:
-            write_pairs(result.table, staging)
+            write_pairs(result.table, staging, kind)
     except OSError as exc:
         refused = refusal(output, exc, RERUN, "output file")
         if refused is not None:

@@ -167,7 +167,7 @@ def test_bad_inputs_are_refused_with_the_reason():
     with pytest.raises(JoinInputError, match=re.escape("1 time(s) are NaN")):
         join_tables(_series([math.nan, 1.0], "l"), good)
     nulls = pa.table({"time": pa.array([None, 1.0], pa.float64())})
-    with pytest.raises(JoinInputError, match=re.escape("1 record(s) have no 'time'")):
+    with pytest.raises(JoinInputError, match=re.escape("1 record has no 'time'")):
         join_tables(nulls, good)
     with pytest.raises(JoinInputError, match="not in ascending order"):
         join_indices([2.0, 1.0], [1.0])

@@ -21,6 +21,8 @@ from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths, ExportSou
 from pipeline.wording import counted
 
 DEFAULT_MAX_POINTS = 200_000
+#: The fewest points a chart over time is drawn with: a start and an end.
+MIN_POINTS = 2
 #: The columns a rate is computed from (`rates.py`)
 NIC_COUNTERS = ("RemoteAddr", "Interface", "TimestampNanos", "RxBytes", "TxBytes")
 
@@ -70,15 +72,22 @@ def _too_few(
 def _points(
     con: duckdb.DuckDBPyConnection, rates: str, samples: int, max_points: int
 ) -> tuple[dict[str, np.ndarray], int | None]:
+    """The chart's points (one per NIC and time: its rx and tx rate), at most `max_points`:
+    every sample's rate, or, for more samples, the maximum rate of each NIC per time bucket,
+    the buckets shared out among the NICs (one bucket each at the least)."""
     if samples <= max_points:
         sql = (
             f"SELECT RemoteAddr || '/' || Interface AS nic, TimestampNanos AS t, rx_mbps, "
             f"tx_mbps FROM ({rates}) WHERE interval_s > 0 ORDER BY nic, t"
         )
         return con.sql(sql).fetchnumpy(), None
-    bounds = f"SELECT min(TimestampNanos), max(TimestampNanos) FROM ({rates})"
-    lo, hi = con.sql(bounds).fetchall()[0]
-    bucket = max(1, (hi - lo) // max(1, max_points // 2) + 1)
+    bounds = (
+        "SELECT min(TimestampNanos), max(TimestampNanos), "
+        f"count(DISTINCT (RemoteAddr, Interface)) FROM ({rates})"
+    )
+    lo, hi, nics = con.sql(bounds).fetchall()[0]
+    buckets = max(1, max_points // max(1, nics))  # per NIC
+    bucket = (hi - lo) // buckets + 1  # so that [lo, hi] spans `buckets` of them at most
     sql = f"""
         SELECT RemoteAddr || '/' || Interface AS nic,
                {lo} + (TimestampNanos - {lo}) // {bucket} * {bucket} AS t,
@@ -86,6 +95,46 @@ def _points(
         FROM ({rates}) WHERE interval_s > 0 GROUP BY ALL ORDER BY nic, t
     """
     return con.sql(sql).fetchnumpy(), int(bucket)
+
+
+def find_export(paths: AnalyticsPaths, known: list[ExportSource], name: str) -> ExportSource:
+    """The export `name` names (its name, its stream or another name of it): one of `known`
+    (sluice.toml's and the export runs' records: `discover_exports`), else one the last
+    refresh read (`sluice analytics refresh --export SCOPE/STREAM=DIR` names it nowhere
+    else), as the database's `sources` view lists it; else an `AnalyticsError` saying how to
+    make it known."""
+    source = next((s for s in known if s.matches(name)), None)
+    refreshed = _refreshed_exports(paths, name) if source is None else []
+    source = source or next((s for s in refreshed if s.matches(name)), None)
+    if source is not None:
+        return source
+    names = dict.fromkeys(s.name for s in (*known, *refreshed))
+    reason = (
+        f"no export of it is known (known: {', '.join(names) or 'none'}); export it with "
+        f"`sluice run export`, or include its directory with "
+        f"`sluice analytics refresh --export {name}=DIR`"
+    )
+    msg = f"cannot plot {name}"
+    raise AnalyticsError(msg, reason)
+
+
+def _refreshed_exports(paths: AnalyticsPaths, name: str) -> list[ExportSource]:
+    """The exports the last refresh made views of (none before the first refresh), each with
+    its stream when it is `name` (read from its view: the `sources` view has no stream)."""
+    if not paths.database.exists():
+        return []
+    with open_database(paths) as con:
+        rows = con.execute(
+            "SELECT name, directory FROM sources WHERE kind = 'export' ORDER BY name"
+        ).fetchall()
+        found = []
+        for export, directory in rows:
+            source = ExportSource(export, paths.resolve(directory))
+            sql = f'SELECT 1 FROM "{source.view}" WHERE stream = ? LIMIT 1'
+            if export != name and con.execute(sql, [name]).fetchall():
+                source = ExportSource(export, source.root, name)
+            found.append(source)
+    return found
 
 
 def plot_rates(
@@ -98,7 +147,12 @@ def plot_rates(
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> RatePlot:
     """Write a PNG scatter of rx and tx Mbit/s over time for one exported stream (read from
-    the database in its sandbox; the chart is the only file written)."""
+    the database in its sandbox; the chart is the only file written), of at most
+    `max_points` points (`MIN_POINTS` or more; more NICs than that: one point each)."""
+    if max_points < MIN_POINTS:
+        reason = f"--max-points is {max_points}: a chart over time needs {MIN_POINTS} or more"
+        msg = f"cannot plot rates of {source.name}"
+        raise AnalyticsError(msg, reason)
     if start_ns is not None and end_ns is not None and start_ns >= end_ns:
         reason = "--from must be before --to (the window holds nothing as given)"
         msg = f"cannot plot rates of {source.name}"

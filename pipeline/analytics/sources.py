@@ -317,10 +317,20 @@ def _renamed(source: ExportSource, taken: set[str]) -> ExportSource:
 
 
 def parse_export_option(text: str) -> ExportSource:
-    """`SCOPE/STREAM=DIR` from the command line."""
+    """`SCOPE/STREAM=DIR` from the command line; DIR must be a directory that exists (an
+    export's output, which its first run creates): a misspelt one would otherwise be
+    refreshed as an export with no files yet, and its view stay empty without a word."""
     stream, eq, root = text.partition("=")
+    msg = f"--export {text!r}"
     if not eq or stream.count("/") != 1 or not root:
         reason = "expected SCOPE/STREAM=DIR, e.g. examples/network=/data/network-export"
-        msg = f"--export {text!r}"
         raise AnalyticsError(msg, reason)
-    return ExportSource(stream, Path(root).expanduser().absolute(), stream)
+    directory = Path(root).expanduser().absolute()
+    if not directory.is_dir():
+        found = "is not a directory" if directory.exists() else "does not exist"
+        reason = (
+            f"{directory} {found}: give the directory an export writes to (the --output of "
+            "`sluice run export`)"
+        )
+        raise AnalyticsError(msg, reason)
+    return ExportSource(stream, directory, stream)

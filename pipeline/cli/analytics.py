@@ -47,7 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--to", dest="end", metavar="TIME", help="the chart's end (ISO 8601)")
     r.add_argument("--output", "-o", type=Path, help="PNG path (default under $SLUICE_HOME/plots)")
     r.add_argument(
-        "--max-points", type=int, default=200_000, help="thin the chart to this many points"
+        "--max-points",
+        type=whole_number(2, "the most points to draw: 2 or more"),
+        default=200_000,
+        help="draw at most this many points (2 or more): more samples are reduced to each "
+        "NIC's maximum rate per time bucket, the buckets shared among the NICs (one at least)",
     )
     r.set_defaults(func=cmd_plot_rates)
 
@@ -138,8 +142,8 @@ def _sources_without_files(con: duckdb.DuckDBPyConnection) -> list[tuple[str, st
 
 
 def cmd_plot_rates(args: argparse.Namespace) -> int:
-    from pipeline.analytics.plot import plot_rates
-    from pipeline.analytics.sources import AnalyticsError, AnalyticsPaths, discover_exports
+    from pipeline.analytics.plot import find_export, plot_rates
+    from pipeline.analytics.sources import AnalyticsPaths, discover_exports
     from pipeline.jobs.slices import parse_time_ns
     from pipeline.outputs import check_writable
     from pipeline.settings import load_settings
@@ -147,20 +151,12 @@ def cmd_plot_rates(args: argparse.Namespace) -> int:
     if args.output is not None:  # a file in the way, a full disk: before any query
         check_writable(args.output, "output file", file=True)
     settings = load_settings()
-    exports = discover_exports(settings)
-    source = next((s for s in exports if s.matches(args.stream)), None)
-    if source is None:
-        known = ", ".join(s.name for s in exports) or "none"
-        reason = (
-            f"no export of it is known (known: {known}); export it with `sluice run export`, "
-            f"or include its directory with `sluice analytics refresh --export {args.stream}=DIR`"
-        )
-        msg = f"cannot plot {args.stream}"
-        raise AnalyticsError(msg, reason)
+    paths = AnalyticsPaths.from_settings(settings)
+    source = find_export(paths, discover_exports(settings), args.stream)
     start = parse_time_ns(args.start) if args.start else None
     end = parse_time_ns(args.end) if args.end else None
     result = plot_rates(
-        AnalyticsPaths.from_settings(settings),
+        paths,
         source,
         start_ns=start,
         end_ns=end,

@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or numbers in one unit): "
         "each record of either series is paired with the latest record at or before its time "
         "and the earliest at or after it in the other series; each pair once, in an order "
-        "that does not depend on how the files were written. See pipeline/timejoin.py.",
+        "that does not depend on how the files were written. The pairs go to --output, as "
+        "Parquet or CSV by its extension. See pipeline/timejoin.py.",
     )
     p.add_argument("left", type=Path, help="left series (.parquet or .csv)")
     p.add_argument("right", type=Path, help="right series (.parquet or .csv)")
@@ -28,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o",
         type=Path,
         required=True,
-        help="output Parquet file (relative to the working directory, as the inputs are; "
-        "never one of the inputs)",
+        help="output file, written in the format of its extension: .parquet (Parquet) or "
+        ".csv (CSV); any other is refused (relative to the working directory, as the inputs "
+        "are; never one of the inputs)",
     )
     p.add_argument("--time-column", default="time", help="time column of both files")
     p.add_argument(

@@ -73,24 +73,31 @@ def parse_model_option(text: str) -> tuple[str, dict]:
     return spec.strip(), params
 
 
-def _schema_for(stream: str, given: str | None) -> str:
-    from pipeline.jobs.replay import UnknownSchema
+def known_schema(stream: str) -> str | None:
+    """The schema sluice.toml names for `stream` (a family's stream or its mirror), if any."""
     from pipeline.settings import load_settings
 
-    if given:
-        return given
     for family in load_settings().streams:
         if stream in (family.stream, family.mirror_stream):
             return family.schema
-    raise UnknownSchema(stream)
+    return None
+
+
+def _schema_for(stream: str, given: str | None) -> str:
+    from pipeline.jobs.replay import UnknownSchema
+
+    schema = given or known_schema(stream)
+    if schema is None:
+        raise UnknownSchema(stream)
+    return schema
 
 
 def _run_replay(args: argparse.Namespace) -> int:
     from pipeline.config import sluice_home, under_home
     from pipeline.jobs.replay import (
-        ModelError,
         ReplayError,
         check_readable,
+        check_sensor_by,
         compare,
         load_model,
         output_directory,
@@ -106,10 +113,8 @@ def _run_replay(args: argparse.Namespace) -> int:
         msg = "usage: sluice replay SLICE_ID | sluice replay compare SLICE_ID (see --help)"
         raise ReplayError(msg)
     slice_id = args.words[-1]
+    check_model_count(len(args.model), comparing, slice_id)
     models = [load_model(*parse_model_option(text)) for text in args.model]
-    if len(models) != (2 if comparing else 1):
-        wanted = "two --model options to compare" if comparing else "one --model"
-        raise ModelError(args.model[0], f"give {wanted}")
     with (
         open_store(args.store, must_exist=True) as store,
         Progress.of(args).task("replay compare" if comparing else "replay") as task,
@@ -117,6 +122,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         task.stage(f"finding slice {slice_id}")
         record = find_slice(store, slice_id, args.slices_stream)
         plan = flatten_plan(_schema_for(record.stream, args.schema))
+        check_sensor_by(record, plan)  # a column the rows lack: refused before Spark starts
         output = under_home(args.output) if args.output and not comparing else None
         check_readable(store, record)  # a truncated slice: refused before Spark starts
         for model in models:  # a file in the way, a full disk: refused before Spark starts
@@ -164,6 +170,25 @@ def _run_replay(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def check_model_count(given: int, comparing: bool, slice_id: str) -> None:
+    """Refuse (`ReplayError`) a number of --model options the command does not take: one
+    for a replay, two for a comparison; before any model is loaded."""
+    from pipeline.jobs.replay import ReplayError
+
+    wanted = 2 if comparing else 1
+    if given == wanted:
+        return
+    got = f"got {counted(given, '--model option')}"
+    if comparing:
+        msg = f"sluice replay compare takes two --model options, one per side ({got})"
+    else:
+        msg = (
+            f"sluice replay takes one --model ({got}); to compare two models: "
+            f"sluice replay compare {slice_id} --model A --model B"
+        )
+    raise ReplayError(msg)
 
 
 def show_steps(task: Task, side: str, model: str) -> OnStep:

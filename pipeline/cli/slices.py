@@ -60,6 +60,7 @@ def _run_slices_create(args: argparse.Namespace) -> int:
     from pipeline.jobs.slices import (
         EmptySlice,
         SliceExtent,
+        check_window,
         parse_time_ns,
         record_slices,
         recorded_as,
@@ -68,6 +69,9 @@ def _run_slices_create(args: argparse.Namespace) -> int:
     from pipeline.streams import open_store
 
     start, end = parse_time_ns(args.start), parse_time_ns(args.end)
+    check_window(start, end, given=(args.start, args.end))
+    if args.sensor is not None and args.sensor_by != "routing_key":
+        _check_sensor_by(args.stream, args.sensor_by)
     with open_store(args.store, must_exist=True) as store:
         record = time_window_slice(
             store, args.stream, start, end, sensor=args.sensor, sensor_by=args.sensor_by
@@ -81,6 +85,20 @@ def _run_slices_create(args: argparse.Namespace) -> int:
     status = "created" if written else "exists"
     print(json.dumps({"status": status, **_row(record, extent)}))
     return 0
+
+
+def _check_sensor_by(stream: str, sensor_by: str) -> None:
+    """Refuse sensor columns that the rows of the stream's schema lack, when sluice.toml
+    names that schema; otherwise only the replay knows it (`sluice replay --schema`), and
+    checks it there, before Spark starts (`pipeline.jobs.replay.check_sensor_by`)."""
+    from pipeline.cli.replay import known_schema
+    from pipeline.schemas import flatten_plan
+    from pipeline.schemas.sensors import check_sensor_columns
+
+    schema = known_schema(stream)
+    if schema is not None:
+        columns = flatten_plan(schema).arrow_schema.names
+        check_sensor_columns(sensor_by, columns, f"the rows of {schema}")
 
 
 def _row(record: SliceRecord, extent: SliceExtent) -> dict:

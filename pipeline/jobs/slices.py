@@ -79,6 +79,29 @@ class InvalidTimeWindow(SliceError, ValueError):
         super().__init__(msg)
 
 
+class WindowOutOfOrder(SliceError, ValueError):
+    """A window whose end (`--to`) is not after its start (`--from`): valid times, in an
+    order that leaves [start, end) no time at all. The times are shown as they were given."""
+
+    def __init__(self, start: str, end: str, same: bool) -> None:
+        self.start, self.end, self.same = start, end, same
+        when = "the same time as" if same else "before"
+        msg = (
+            f"--to {end} must be after --from {start} (it is {when} --from, so the window "
+            "[--from, --to) holds nothing): give a later --to or an earlier --from"
+        )
+        super().__init__(msg)
+
+
+def check_window(start_ns: int, end_ns: int, given: tuple[str, str] | None = None) -> None:
+    """Refuse (`WindowOutOfOrder`) a window whose end is not after its start; `given`, the
+    texts the times were parsed from, are what the message shows (else the times)."""
+    if end_ns > start_ns:
+        return
+    start, end = given or (format_ns(start_ns), format_ns(end_ns))
+    raise WindowOutOfOrder(start, end, same=end_ns == start_ns)
+
+
 @dataclass(frozen=True, slots=True)
 class SliceRecord:
     """One slice: events of `stream` between `start_cut` and `end_cut` (stream-cut texts).
@@ -422,9 +445,7 @@ def time_window_slice(
         if not FIRST_NS <= ns <= last:  # (--to is exclusive: the last nanosecond + 1)
             reason = f"{name} is {ns} ns since 1970, beyond 64-bit nanoseconds (event times)"
             raise InvalidTimeWindow(str(ns), reason)
-    if end_ns <= start_ns:
-        reason = f"--to ({format_ns(end_ns)}) must be after --from ({format_ns(start_ns)})"
-        raise InvalidTimeWindow(format_ns(end_ns), reason)
+    check_window(start_ns, end_ns)
     if sensor is not None and sensor_by == "routing_key":
         check_routing_key(sensor)  # one no event can carry: a clear error, not an empty slice
     start_cut, end_cut = store.time_cuts(stream, start_ns, end_ns)

@@ -13,16 +13,51 @@ names as they are. Vectorized: a batch of a million samples takes milliseconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from pipeline.errors import SluiceError
 
 #: Joins the columns' values into a sensor's name; `ESCAPE` comes before a value's own.
 SEPARATOR, ESCAPE = "/", "\\"
 
 
+class UnknownSensorColumns(SluiceError, KeyError):
+    """Columns a `sensor_by` names that the rows (`of`: e.g. "the rows of NetworkSamples")
+    do not have. A `KeyError`, as a missing column is, but shown as its message: a plain
+    `KeyError` shows its argument quoted."""
+
+    def __init__(self, sensor_by: str, missing: list[str], columns: list[str], of: str) -> None:
+        self.sensor_by, self.missing, self.columns, self.of = sensor_by, missing, columns, of
+        said = ", ".join(repr(c) for c in missing)
+        msg = (
+            f"--sensor-by {sensor_by!r}: {of} have no column {said} (their columns: "
+            f"{', '.join(columns)}): name columns of the schema, comma-separated, or "
+            "routing_key"
+        )
+        super().__init__(msg)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def sensor_columns(sensor_by: str) -> list[str]:
     """The column names of a `sensor_by` text (`RemoteAddr, Interface` -> two names)."""
     return [name.strip() for name in sensor_by.split(",")]
+
+
+def missing_columns(sensor_by: str, columns: Sequence[str]) -> list[str]:
+    """The columns `sensor_by` names that are not among `columns`."""
+    return [name for name in sensor_columns(sensor_by) if name not in columns]
+
+
+def check_sensor_columns(sensor_by: str, columns: Sequence[str], of: str = "the rows") -> None:
+    """Refuse (`UnknownSensorColumns`) a `sensor_by` naming a column not in `columns`."""
+    missing = missing_columns(sensor_by, columns)
+    if missing:
+        raise UnknownSensorColumns(sensor_by, missing, list(columns), of)
 
 
 def sensor_name(values: list[str]) -> str:
@@ -44,12 +79,11 @@ def _escape(column: pa.Array) -> pa.Array:
 
 def sensor_names(rows: pa.Table, sensor_by: str) -> pa.Array:
     """The sensor of each row of `rows`: its `sensor_by` columns as text (escaped, when there
-    are several) joined with `/`, or null where one of them is null. `KeyError` names a column
-    the rows do not have."""
+    are several) joined with `/`, or null where one of them is null. A column the rows do
+    not have is an `UnknownSensorColumns` (a `KeyError`)."""
+    check_sensor_columns(sensor_by, rows.column_names)
     parts = []
     for name in sensor_columns(sensor_by):
-        if name not in rows.column_names:
-            raise KeyError(name)
         column = rows.column(name).combine_chunks()
         if pa.types.is_dictionary(column.type):
             column = column.dictionary_decode()

@@ -194,6 +194,7 @@ def network_family(tmp_path, monkeypatch):
 
 def test_exports_come_from_sluice_toml_and_the_command_line(tmp_path, network_family):
     settings = network_family
+    (tmp_path / "from-cli").mkdir()
     cli_export = parse_export_option(f"examples/accel={tmp_path / 'from-cli'}")
     found = {s.name: s for s in discover_exports(settings, [cli_export])}
     assert found["network"].root == settings.home / "exports" / "network"

@@ -153,6 +153,7 @@ def test_an_export_option_under_the_users_home_directory(tmp_path, monkeypatch):
     """`--export s/x=~/exports/x`: the shell leaves a `~` after `=` as it is, and the refresh
     looked for `./~/exports/x`."""
     monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    (tmp_path / "me" / "exports" / "x").mkdir(parents=True)
     assert parse_export_option("s/x=~/exports/x").root == tmp_path / "me" / "exports" / "x"
 
 

@@ -13,6 +13,7 @@ from pipeline.jobs.slices import (
     InvalidTimeWindow,
     SliceNotFound,
     SliceRecord,
+    WindowOutOfOrder,
     find_slice,
     format_ns,
     list_slices,
@@ -124,8 +125,32 @@ def test_times_parse_as_utc_and_bad_windows_are_refused(store):
     with pytest.raises(InvalidTimeWindow, match="use ISO 8601"):
         parse_time_ns("yesterday")
     nic_stream(store, {"edge1": [[1]]})
-    with pytest.raises(InvalidTimeWindow, match="must be after --from"):
+    same = f"--to {format_ns(T0)} must be after --from {format_ns(T0)} (it is the same time"
+    with pytest.raises(WindowOutOfOrder, match=re.escape(same)):
         time_window_slice(store, STREAM, T0, T0)
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        ("2026-11-01T11:00Z", "2026-11-01T10:00Z", "before"),
+        ("2026-11-01T10:00Z", "2026-11-01T10:00Z", "the same time as"),
+        ("2026-11-01T10:00Z", "2026-11-01T11:00+01:00", "the same time as"),
+    ],
+)
+def test_a_window_not_ending_after_its_start_is_one_line_with_the_times_as_given(
+    store, store_dir, capsys, window
+):
+    """The times are valid: no "invalid time", no ISO 8601 advice, no reformatted times."""
+    start, end, when = window
+    nic_stream(store, {"edge1": [[1]]})
+    argv = ["--store", f"embedded:{store_dir}", "slices", "create", STREAM]
+    assert cli.main([*argv, "--from", start, "--to", end]) == 1
+    assert capsys.readouterr().err == (
+        f"sluice: error: --to {end} must be after --from {start} (it is {when} --from, so the "
+        "window [--from, --to) holds nothing): give a later --to or an earlier --from\n"
+    )
+    assert list_slices(store, STREAM) == []
 
 
 def test_record_round_trips_through_json():

@@ -37,6 +37,7 @@ from pipeline.jobs.replay.errors import (
     ModelError,
     OutputInUse,
     ReplayError,
+    SliceSensorUnknown,
     SliceTruncated,
     UnknownSchema,
 )
@@ -78,10 +79,12 @@ __all__ = [
     "ReplayError",
     "ReplayKey",
     "ReplayResult",
+    "SliceSensorUnknown",
     "SliceTruncated",
     "UnknownSchema",
     "canonical_value",
     "check_readable",
+    "check_sensor_by",
     "compare",
     "hash_params_text",
     "is_empty",
@@ -119,6 +122,19 @@ def check_readable(store: StreamStore, record: SliceRecord) -> None:
         head = heads.get(segment, 0)
         if head > first and stop != first:
             raise SliceTruncated(record.slice_id, record.stream, segment, first, head)
+
+
+def check_sensor_by(record: SliceRecord, plan: FlattenPlan) -> None:
+    """Raise `SliceSensorUnknown` when the slice names its sensor by columns (`sensor_by`)
+    that the rows of `plan` lack: the Spark tasks would each fail on it (`sensor_names`)."""
+    from pipeline.schemas.sensors import missing_columns
+
+    if record.sensor is None or record.sensor_by in (None, "routing_key"):
+        return
+    columns = plan.arrow_schema.names
+    missing = missing_columns(record.sensor_by, columns)
+    if missing:
+        raise SliceSensorUnknown(record.slice_id, record.sensor_by, missing, plan.name, columns)
 
 
 def is_empty(record: SliceRecord) -> bool:
@@ -272,6 +288,7 @@ def replay(
     key = ReplayKey.of(record.slice_id, model)
     output_dir = output_directory(record, model, home, output_dir)
     check_readable(store, record)
+    check_sensor_by(record, plan)
     step = on_step or (lambda _step, _count: None)
     start_cut, end_cut = record.cuts
     step("read", start_cut.bytes_until(end_cut))

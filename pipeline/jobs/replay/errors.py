@@ -63,3 +63,23 @@ class UnknownSchema(ReplayError):
             "or add it to sluice.toml as [streams.NAME] stream/schema"
         )
         super().__init__(msg)
+
+
+class SliceSensorUnknown(ReplayError):
+    """A slice that names its sensor by columns the rows of the schema it is replayed with
+    do not have (`--sensor-by` of `sluice slices create` is checked only when sluice.toml
+    names the stream's schema)."""
+
+    def __init__(
+        self, slice_id: str, sensor_by: str, missing: list[str], schema: str, columns: list[str]
+    ) -> None:
+        self.slice_id, self.sensor_by, self.missing = slice_id, sensor_by, missing
+        self.schema, self.columns = schema, columns
+        said = ", ".join(repr(c) for c in missing)
+        msg = (
+            f"slice {slice_id} names its sensor by {sensor_by!r}, but the rows of {schema} have "
+            f"no column {said} (their columns: {', '.join(columns)}): record the slice again "
+            "with --sensor-by naming columns of the schema (or routing_key), or replay it "
+            "with the --schema it was made for"
+        )
+        super().__init__(msg)

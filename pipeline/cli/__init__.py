@@ -125,12 +125,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """`parser.parse_args(argv)`, but arguments nobody takes are refused by the command they
     were given to, with its usage: `sluice store write --key k` shows `sluice store write`'s
-    usage (argparse's own error shows `sluice`'s, whatever the command)."""
+    usage (argparse's own error shows `sluice`'s, whatever the command). A command whose
+    options go together in ways a mutually exclusive group cannot say sets a default
+    `check_options(args) -> str | None`: what it returns is refused the same way (exit 2)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         at = argv.index(unknown[0]) if unknown[0] in argv else len(argv)
         given_to = [p for p, where in commands_in(parser, args, argv) if where < at][-1]
         given_to.error(f"unrecognized arguments: {' '.join(unknown)}")
+    check = getattr(args, "check_options", None)
+    if check is not None and (refused := check(args)):
+        commands_in(parser, args, argv)[-1][0].error(refused)
     return args
 
 

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import IO
 
 from pipeline.cli.options import positive_number, whole_number
@@ -14,9 +15,21 @@ from pipeline.cli.process import Interruptible, lines_as_they_come, standard_inp
 from pipeline.cli.progress import Progress
 from pipeline.config import default_store_uri
 from pipeline.errors import SluiceError
-from pipeline.streams import NoStore, StreamCut, StreamNotFound, StreamStore, open_store
-from pipeline.streams.values import Retention, ScalingPolicy
-from pipeline.wording import counted
+from pipeline.streams import (
+    EventTooLarge,
+    EventWriter,
+    InvalidCut,
+    NoStore,
+    StreamCut,
+    StreamInfo,
+    StreamNotFound,
+    StreamSealed,
+    StreamStore,
+    open_store,
+)
+from pipeline.streams.names import check_routing_key
+from pipeline.streams.values import MAX_SEGMENTS, Retention, ScalingPolicy
+from pipeline.wording import agreeing, counted
 
 FOLLOW_POLL_S = 0.2
 #: `store write` flushes at least every this many lines,
@@ -29,6 +42,10 @@ INPUT_PAUSE_S = 0.1
 LARGE_READ_BYTES = 64 * 1024 * 1024
 #: Store URIs whose controller applies retention by itself (`sluice store retain` has no work).
 PRAVEGA_SCHEMES = ("pravega", "pravegas", "tcp", "tls")
+#: `store scale --split`: segments a split makes unless --parts says;
+SPLIT_PARTS = 2
+#: `store scale --auto`: seconds of recent traffic it looks at unless --window says.
+AUTO_WINDOW_S = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
 
     p = stream_action(sub, "create", "create SCOPE/STREAM", cmd_create)
-    p.add_argument("--segments", type=segment_count, default=1, help="1 or more (default 1)")
+    # no default: `create` of a stream that exists checks only the options given
+    p.add_argument("--segments", type=segment_count, help=f"1 to {MAX_SEGMENTS} (default 1)")
     p.add_argument(
         "--retention-bytes",
         type=whole_number(1, "keep a positive whole number of bytes"),
@@ -61,14 +79,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--from", dest="start", default="head", metavar="head|tail|CUT", help="where to start"
     )
-    p.add_argument(
+    until = p.add_mutually_exclusive_group()  # a read that follows has no end
+    until.add_argument(
         "--to",
         dest="end",
         default=None,
         metavar="tail|CUT",
         help="where to stop (default: the tail)",
     )
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    until.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
 
     stream_action(sub, "cut", "print the tail cut", cmd_cut)
 
@@ -102,15 +121,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--parts",
         type=whole_number(2, "a split makes 2 or more segments"),
-        default=2,
-        help="segments a split makes (default 2)",
+        help="segments a split makes (default 2; --split only)",
     )
     p.add_argument(
         "--window",
         type=positive_number("a number of seconds above 0"),
-        default=60.0,
-        help="seconds of recent traffic --auto looks at",
+        help=f"seconds of recent traffic --auto looks at (default {AUTO_WINDOW_S:g})",
     )
+    p.set_defaults(check_options=scale_options_refused)
 
     stream_action(sub, "seal", "refuse further writes to SCOPE/STREAM", cmd_seal)
 
@@ -146,8 +164,29 @@ def stream_action(
     return parser
 
 
-#: `--segments`: a whole number, at least 1 (argparse prints the reason as one line).
-segment_count = whole_number(1, "a stream has at least 1 segment")
+def segment_count(text: str) -> int:
+    """`--segments`: a whole number from 1 to `MAX_SEGMENTS` (argparse prints the reason as
+    one line, exit 2)."""
+    rule = f"a stream has 1 to {MAX_SEGMENTS} segments"
+    count = whole_number(1, rule)(text)
+    if count > MAX_SEGMENTS:
+        msg = f"{text}: {rule}"
+        raise argparse.ArgumentTypeError(msg)
+    return count
+
+
+def scale_options_refused(args: argparse.Namespace) -> str | None:
+    """Why `store scale`'s options do not go together, as argparse says it of a mutually
+    exclusive group (`pipeline.cli.parse` refuses them, exit 2): --parts is for --split only,
+    --window for --auto only. None when they do."""
+    how = "--split" if args.split is not None else "--merge" if args.merge else "--auto"
+    for option, value, only_with in (
+        ("--parts", args.parts, "--split"),
+        ("--window", args.window, "--auto"),
+    ):
+        if value is not None and how != only_with:
+            return f"argument {option}: not allowed with argument {how}"
+    return None
 
 
 def segments_to_merge(text: str) -> list[int]:
@@ -186,12 +225,70 @@ def resolve_cut(store: StreamStore, stream: str, text: str) -> StreamCut:
     return StreamCut.parse(text).check_stream(scope, name)
 
 
+class StreamExistsOtherwise(SluiceError):
+    """`store create` of a stream that exists, with options it was not created with: `exists`
+    would take the options as applied. `have` and `asked` say what differs, `how` what changes
+    it."""
+
+    def __init__(self, stream: str, have: list[str], asked: list[str], how: list[str]) -> None:
+        self.stream, self.have, self.asked, self.how = stream, have, asked, how
+        msg = (
+            f"{stream} exists, created with {' and '.join(have)}, not the {' and '.join(asked)}"
+            f" asked for ({'; '.join(how)})"
+        )
+        super().__init__(msg)
+
+
 def cmd_create(args: argparse.Namespace) -> int:
+    """Create the stream, or say it `exists` (idempotent) when it exists as asked: with the
+    segments and retention policy given, if any; else `StreamExistsOtherwise`."""
     retention = Retention(args.retention_bytes, args.retention_seconds)
+    segments = 1 if args.segments is None else args.segments
     with open_store(args.store) as store:
-        created = store.create_stream(args.stream, segments=args.segments, retention=retention)
+        created = store.create_stream(args.stream, segments=segments, retention=retention)
+        if not created:
+            check_as_asked(store.info(args.stream), args)
     print(f"{'created' if created else 'exists'} {args.stream}")
     return 0
+
+
+def check_as_asked(info: StreamInfo, args: argparse.Namespace) -> None:
+    """Raise `StreamExistsOtherwise` if the stream that exists differs from what `create`'s
+    options ask: the segments it was created with (a scale since changes nothing), or its
+    retention policy (both limits, when either is given)."""
+    stream = f"{info.scope}/{info.stream}"
+    have, asked, how = [], [], []
+    created_with = segments_at_creation(info)
+    if args.segments is not None and args.segments != created_with:
+        have.append(counted(created_with, "segment"))
+        asked.append(counted(args.segments, "segment"))
+        how.append(f"`sluice store scale {stream}` splits and merges its segments")
+    retention = Retention(args.retention_bytes, args.retention_seconds)
+    if retention != Retention() and retention != info.retention:
+        policy = policy_text(info.retention)
+        have.append(f"a retention policy ({policy})" if policy else "no retention policy")
+        options = []
+        if args.retention_bytes is not None:
+            options.append(f"--retention-bytes {args.retention_bytes}")
+        if args.retention_seconds is not None:
+            options.append(f"--retention-seconds {args.retention_seconds:g}")  # as policy_text
+        asked.append(" ".join(options))
+        how.append(
+            "no command changes a retention policy: create another stream, or seal, delete"
+            f" and create {stream} again"
+        )
+    if have:
+        raise StreamExistsOtherwise(stream, have, asked, how)
+
+
+def segments_at_creation(info: StreamInfo) -> int:
+    """How many segments the stream was created with: segments 0 to N-1 split the key space
+    evenly, so the first segment (by number) that ends at the top of the key space is the
+    last of them. A scale makes segments of higher numbers, and seals rather than drops."""
+    last = min((s.segment for s in info.segments if s.key_range[1] == 1.0), default=None)
+    if last is None:  # a backend that splits the key space otherwise
+        return len(info.segments)
+    return sum(1 for s in info.segments if s.segment <= last)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -212,42 +309,91 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+class WriteStopped(SluiceError):
+    """`store write` stopped on an error: it says what was written before it. A line the
+    store refused (`line`: its number; an event too large) stops the command after the lines
+    before it are flushed, `written` of them; a flush that failed (the stream sealed, the
+    disk full) leaves `written` known durable of the `read` lines, the rest perhaps not."""
+
+    def __init__(self, stream: str, reason: str, written: int, read: int, line: int | None) -> None:
+        self.stream, self.reason, self.line = stream, reason, line
+        self.written, self.read = written, read
+        if line is not None:
+            msg = (
+                f"line {line}: {reason}; wrote {counted(written, 'event')} to {stream} before"
+                " it (the lines after it were not read)"
+            )
+        else:
+            unsure = read - written
+            msg = (
+                f"{reason}; of the {counted(read, 'line')} read, {written:,}"
+                f" {agreeing(written, 'is', 'are')} known written to {stream} and {unsure:,}"
+                " may not have been"
+            )
+        super().__init__(msg)
+
+
 def cmd_write(args: argparse.Namespace) -> int:
     """Append each line of standard input. An event is durable (flushed) within about
     `WRITE_FLUSH_AFTER_S` of its line's arrival, however slow the producer (`tail -f log |
     sluice store write …`): the writer flushes every `WRITE_FLUSH_EVERY` lines, when the
     input pauses, and when the oldest line not flushed is that old. Ctrl-C or SIGTERM keeps
     (flushes) the lines read so far and says how many, then ends the command as interrupted
-    (`Interruptible`)."""
-    count = 0
-    unflushed, since = 0, 0.0  # lines not flushed yet; when the first of them came
+    (`Interruptible`); so does a line the store refuses (`WriteStopped`, exit 1)."""
+    check_routing_key(args.routing_key)  # refused before a line is read, not at line 1
     with (
         Interruptible(lines_as_they_come(standard_input(), INPUT_PAUSE_S)) as lines,
         open_store(args.store, must_exist=True) as store,
         store.writer(args.stream) as writer,
     ):
-        for line in lines:
-            if line is not None:
-                writer.write(line.rstrip(b"\r"), routing_key=args.routing_key)
-                count += 1
-                unflushed += 1
-                if unflushed == 1:
-                    since = time.monotonic()
-            if unflushed and (
-                line is None
-                or unflushed >= WRITE_FLUSH_EVERY
-                or time.monotonic() - since >= WRITE_FLUSH_AFTER_S
-            ):
-                writer.flush()
-                unflushed = 0
+        count = write_lines(writer, lines, args.stream, args.routing_key)
     print(f"wrote {counted(count, 'event')} to {args.stream}", file=sys.stderr)
     lines.raise_interrupt()
     return 0
 
 
+def write_lines(
+    writer: EventWriter, lines: Iterable[bytes | None], stream: str, routing_key: str | None
+) -> int:
+    """Write each line as an event, flushing as `cmd_write` says, and flush at the end;
+    return how many were written. Nothing after a line that fails is read (`WriteStopped`)."""
+    count = flushed = 0  # lines written; of them, flushed
+    since = 0.0  # when the first line not flushed came
+
+    def flush() -> int:
+        try:
+            writer.flush()
+        except SluiceError as exc:
+            raise WriteStopped(stream, str(exc), flushed, count, line=None) from exc
+        return count
+
+    for line in lines:
+        if line is not None:
+            try:
+                writer.write(line.rstrip(b"\r"), routing_key=routing_key)
+            except EventTooLarge as exc:  # refused before it was taken: keep those before it
+                flushed = flush()
+                raise WriteStopped(stream, str(exc), flushed, count, line=count + 1) from exc
+            except SluiceError as exc:  # a flush the writer made by itself failed
+                raise WriteStopped(stream, str(exc), flushed, count + 1, line=None) from exc
+            count += 1
+            if count - flushed == 1:
+                since = time.monotonic()
+        if count > flushed and (
+            line is None
+            or count - flushed >= WRITE_FLUSH_EVERY
+            or time.monotonic() - since >= WRITE_FLUSH_AFTER_S
+        ):
+            flushed = flush()
+    return flush()
+
+
 def cmd_read(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
-    with open_store(args.store, must_exist=True) as store:
+    with (
+        open_store(args.store, must_exist=True) as store,
+        quoting_whole_cuts([args.start, args.end]),
+    ):
         start = resolve_cut(store, args.stream, args.start)
         while True:
             end = resolve_cut(store, args.stream, args.end or "tail")
@@ -284,8 +430,25 @@ def cmd_cut(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def quoting_whole_cuts(given: Iterable[str | None]) -> Iterator[None]:
+    """An `InvalidCut` the store raises of one position of a cut (quoting `0-49`, offset 49
+    of segment 0 not an event boundary) is raised again quoting the whole cut given, the
+    one that has that position."""
+    texts = [text for text in given if text not in (None, "head", "tail")]
+    try:
+        yield
+    except InvalidCut as exc:
+        if type(exc) is not InvalidCut or exc.text in texts:
+            raise
+        whole = [text for text in texts if exc.text in text.strip().split("~")[3:]]
+        if not whole:
+            raise
+        raise InvalidCut(whole[0], exc.reason) from exc
+
+
 def cmd_truncate(args: argparse.Namespace) -> int:
-    with open_store(args.store, must_exist=True) as store:
+    with open_store(args.store, must_exist=True) as store, quoting_whole_cuts([args.cut]):
         store.truncate(resolve_cut(store, args.stream, args.cut))
         print(f"truncated {args.stream}; head is now {store.head(args.stream).text}")
     return 0
@@ -358,17 +521,39 @@ def policy_text(retention: Retention) -> str | None:
     return ", ".join(parts) or None
 
 
+class SealedNotScaled(SluiceError):
+    """`store scale` of a sealed stream: its segments stay as they are."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        msg = f"stream {stream} is sealed, so it cannot be scaled: its segments stay as they are"
+        super().__init__(msg)
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     with open_store(args.store, must_exist=True) as store:
-        if args.split is not None:
-            created = store.split_segment(args.stream, args.split, args.parts)
-        elif args.merge:
-            created = [store.merge_segments(args.stream, args.merge)]
-        else:
-            created = store.auto_scale(args.stream, args.auto, args.window)
+        try:
+            created = scale(store, args)
+        except StreamSealed:
+            raise SealedNotScaled(args.stream) from None
         active = [s.segment for s in store.info(args.stream).segments if not s.sealed]
     print(f"created segments {created or 'none'}; active segments {active}")
     return 0
+
+
+def scale(store: StreamStore, args: argparse.Namespace) -> list[int]:
+    """Split, merge or auto-scale as `args` say; the segments made. `StreamSealed` for a
+    sealed stream (an auto-scale would find nothing to do)."""
+    if args.split is not None:
+        parts = SPLIT_PARTS if args.parts is None else args.parts
+        return store.split_segment(args.stream, args.split, parts)
+    if args.merge:
+        return [store.merge_segments(args.stream, args.merge)]
+    if store.info(args.stream).sealed:
+        scope, name = args.stream.split("/", 1)
+        raise StreamSealed(scope, name)
+    window = AUTO_WINDOW_S if args.window is None else args.window
+    return store.auto_scale(args.stream, args.auto, window)
 
 
 def cmd_seal(args: argparse.Namespace) -> int:

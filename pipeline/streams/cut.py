@@ -29,8 +29,8 @@ CUT_VERSION = "v1"
 IDENTIFIED_CUT_VERSION = "v2"
 _EXPECTED = "expected v2~SCOPE~STREAM~ID~SEGMENT-OFFSET... or v1~SCOPE~STREAM~SEGMENT-OFFSET..."
 _SEP = "~"
-_POSITION = re.compile(r"([0-9]{1,19})-([0-9]{1,19})", re.ASCII)
-_STREAM_ID = re.compile(r"[0-9]{1,19}", re.ASCII)
+_POSITION = re.compile(r"([0-9]+)-([0-9]+)", re.ASCII)
+_STREAM_ID = re.compile(r"[0-9]+", re.ASCII)
 #: Segment numbers and offsets are stored as signed 64-bit integers.
 MAX_POSITION = 2**63 - 1
 
@@ -114,9 +114,9 @@ class StreamCut:
             if found is None:
                 msg = f"{item!r} is not SEGMENT-OFFSET with two numbers of ASCII digits 0-9"
                 raise InvalidCut(text, msg)
-            seg, off = int(found[1]), int(found[2])
-            if seg > MAX_POSITION or off > MAX_POSITION:
-                raise InvalidCut(text, f"{item!r} is out of range (at most {MAX_POSITION})")
+            seg, off = (
+                _number(text, digits, "a segment number or offset") for digits in found.groups()
+            )
             if seg in positions:
                 raise InvalidCut(text, f"segment {seg} appears twice")
             positions[seg] = off
@@ -155,11 +155,21 @@ class StreamCut:
 
 
 def _stream_id(text: str, field: str) -> int:
-    found = _STREAM_ID.fullmatch(field)
-    if found is None or int(field) > MAX_POSITION:
+    if _STREAM_ID.fullmatch(field) is None:
         reason = f"{field!r} is not a stream id (v2~SCOPE~STREAM~ID~SEGMENT-OFFSET...)"
         raise InvalidCut(text, reason)
-    return int(field)
+    return _number(text, field, "a stream id")
+
+
+def _number(text: str, digits: str, what: str) -> int:
+    """The number ASCII `digits` write, if it fits a signed 64-bit integer; else `InvalidCut`
+    saying it is too large (without making an int of thousands of digits)."""
+    significant = digits.lstrip("0")
+    if len(significant) > len(str(MAX_POSITION)) or int(significant or "0") > MAX_POSITION:
+        shown = digits if len(digits) <= 24 else f"{digits[:20]}... ({len(digits):,} digits)"
+        reason = f"{shown} is too large for {what}: the most is {MAX_POSITION:,} (2^63-1)"
+        raise InvalidCut(text, reason)
+    return int(significant or "0")
 
 
 def as_cut(value: StreamCut | str) -> StreamCut:

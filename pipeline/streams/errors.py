@@ -55,7 +55,10 @@ class StreamSealed(StreamStoreError):
 class StreamNotSealed(StreamStoreError):
     def __init__(self, scope: str, stream: str) -> None:
         self.scope, self.stream = scope, stream
-        msg = f"stream {scope}/{stream} must be sealed before it is deleted"
+        msg = (
+            f"stream {scope}/{stream} must be sealed before it is deleted"
+            f" (`sluice store seal {scope}/{stream}`)"
+        )
         super().__init__(msg)
 
 
@@ -63,7 +66,8 @@ class EventTooLarge(StreamStoreError, ValueError):
     def __init__(self, size: int, limit: int) -> None:
         self.size, self.limit = size, limit
         msg = (
-            f"event of {size} bytes is over the limit of {limit} bytes: split it into smaller ones"
+            f"event of {size:,} bytes is over the limit of {limit:,} bytes: split it into"
+            " smaller ones"
         )
         super().__init__(msg)
 
@@ -91,22 +95,30 @@ class CutStreamMismatch(InvalidCut):
 
 
 class StaleCut(InvalidCut):
-    """A cut of an earlier stream of the same name: one deleted and created again since the
-    cut was taken (or, rarely, a cut from another store). Its positions mean nothing in the
-    stream there is now, so it is refused wherever it is used."""
+    """A cut that names another stream id than the stream of its name has now: most often a
+    cut of an earlier stream of the same name, one deleted and created again since the cut
+    was taken; or (rarely) a cut from another store, or one edited by hand. Its positions
+    mean nothing in the stream there is now, so it is refused wherever it is used."""
 
     def __init__(
         self, text: str, stream: str, cut_stream_id: int, stream_id: int, earlier: str = ""
     ) -> None:
         self.stream, self.cut_stream_id, self.stream_id = stream, cut_stream_id, stream_id
         self.earlier = earlier
-        reason = (
-            f"it is a cut of an earlier stream named {stream} (stream id {cut_stream_id}"
-            f"{', ' + earlier if earlier else ''}), not of the {stream} there is now (stream id"
-            f" {stream_id}): a stream deleted and created again under its name starts anew,"
-            " and this cut's positions mean nothing in it; take a cut of the new stream"
-            " (head, tail, a reader group's) instead"
-        )
+        named = f"stream id {cut_stream_id}{', ' + earlier if earlier else ''}"
+        if cut_stream_id < stream_id:  # ids only grow: it may be the stream's earlier self
+            reason = (
+                f"it is a cut of an earlier stream named {stream} ({named}), not of the"
+                f" {stream} there is now (stream id {stream_id}): a stream deleted and created"
+                " again under its name starts anew, and this cut's positions mean nothing in"
+                " it; take a cut of the new stream (head, tail, a reader group's) instead"
+            )
+        else:  # a newer id than the stream's: never one of its earlier selves
+            reason = (
+                f"it is a cut of another stream ({named}), not of {stream}, which is stream"
+                f" id {stream_id}: its positions mean nothing in {stream}; take a cut of"
+                f" {stream} (head, tail, a reader group's) instead"
+            )
         super().__init__(text, reason)
 
 

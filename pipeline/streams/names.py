@@ -13,6 +13,7 @@ from pipeline.streams.errors import InvalidName, InvalidRoutingKey
 MAX_NAME = 255
 MAX_ROUTING_KEY = 1024
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_NAME_CHARACTER = re.compile(r"[A-Za-z0-9_.\-]")
 
 
 def check_name(kind: str, name: str) -> str:
@@ -22,8 +23,16 @@ def check_name(kind: str, name: str) -> str:
     if len(name) > MAX_NAME:
         raise InvalidName(kind, name, f"it has {len(name)} characters, more than {MAX_NAME}")
     if not _NAME.fullmatch(name):
-        raise InvalidName(kind, name, "it contains a character that is not allowed")
+        raise InvalidName(kind, name, _broken_rule(name))
     return name
+
+
+def _broken_rule(name: str) -> str:
+    """Which rule of `_NAME` a name that does not match it breaks, in words."""
+    if name[0] in ".-":
+        return f"it starts with {name[0]!r}, which a name must not"
+    bad = next(c for c in name if not _NAME_CHARACTER.fullmatch(c))
+    return f"it contains {bad!r}, which is not allowed"
 
 
 def parse_stream(qualified: str) -> tuple[str, str]:

@@ -89,7 +89,7 @@ def test_a_slice_spanning_a_scale_is_truncated_when_its_successors_are(store):
         ({"end_time_ns": True}, "end_time_ns is true, not a whole number"),
         (
             {"slice_id": "../../elsewhere"},
-            "slice id '../../elsewhere' cannot name a directory: it contains a character",
+            "slice id '../../elsewhere' cannot name a directory: it starts with '.'",
         ),
     ],
 )

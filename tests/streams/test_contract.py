@@ -261,7 +261,7 @@ def test_event_too_large(backend, stream):
     with backend.writer(stream) as w:
         w.write(b"kept", routing_key="k")
         w.write(b"x" * MAX_EVENT_SIZE, routing_key="k")  # exactly the limit is fine
-        with pytest.raises(EventTooLarge, match=re.escape(f"over the limit of {MAX_EVENT_SIZE}")):
+        with pytest.raises(EventTooLarge, match=re.escape(f"over the limit of {MAX_EVENT_SIZE:,}")):
             w.write(b"x" * (MAX_EVENT_SIZE + 1), routing_key="k")
     assert [len(p) for p in payloads(backend.read(stream))] == [4, MAX_EVENT_SIZE]
 

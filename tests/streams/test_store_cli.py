@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -154,10 +155,12 @@ def test_create_refuses_a_retention_that_would_keep_nothing(sluice, args, line):
 
 
 def test_create_refuses_more_segments_than_a_stream_can_have(sluice, tmp_path):
+    """Refused by the parser as every other bad option is (exit 2), and the help says so."""
     proc = sluice("store", "create", "site/many", "--segments", "2000", ok=False)
-    line = "sluice: error: invalid number of segments 2000: a stream has 1 to 1024 segments"
-    refused(proc, line, exit_code=1)
+    line = "sluice store create: error: argument --segments: 2000: a stream has 1 to 1024 segments"
+    refused(proc, line, exit_code=2)
     assert sluice("store", "list").stdout == ""
+    assert "--segments SEGMENTS   1 to 1024 (default 1)" in sluice("store", "create", "-h").stdout
     with open_store(f"embedded:{tmp_path / 's'}") as store, pytest.raises(InvalidArgument):
         store.create_stream("site/many", segments=True)  # a bool is no number of segments
 
@@ -297,3 +300,205 @@ def test_retain_on_pravega_leaves_it_to_the_controller(sluice):
     """No cluster runs here, and none is needed: the command knows from the URI."""
     out = sluice("--store", "pravega://127.0.0.1:1", "store", "retain", "site/net").stdout
     assert out.startswith("nothing to do: the Pravega controller of pravega://127.0.0.1:1")
+
+
+BIG = "b" * (9 * 1024 * 1024)  # over the 8 MiB an event may have
+TOO_LARGE = (
+    "event of 9,437,184 bytes is over the limit of 8,388,608 bytes: split it into smaller ones"
+)
+
+
+@pytest.mark.parametrize("before", [3, 2500])
+def test_write_keeps_the_lines_before_one_it_refuses_and_says_how_many(sluice, before):
+    """The lines read since the last flush (all of them, for 3; 500 after two flushes of
+    1,000, for 2,500) used to be dropped; nothing after the refused line is written."""
+    sluice("store", "create", "site/net")
+    lines = "".join(f"line{i}\n" for i in range(before))
+    proc = sluice("store", "write", "site/net", stdin=f"{lines}{BIG}\nafter\n", ok=False)
+    line = (
+        f"sluice: error: line {before + 1}: {TOO_LARGE}; wrote {before:,} events to site/net"
+        " before it (the lines after it were not read)"
+    )
+    refused(proc, line, exit_code=1)
+    assert proc.stderr.count("\n") == 1
+    assert sluice("store", "read", "site/net").stdout == lines
+
+
+def test_write_says_what_it_wrote_when_the_stream_is_sealed_under_it(sluice, tmp_path):
+    sluice("store", "create", "site/net")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLUICE_STORE": f"embedded:{tmp_path / 's'}"}
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "store", "write", "site/net"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        writer.stdin.write("a\nb\n")
+        writer.stdin.flush()
+        deadline = time.monotonic() + 30
+        while sluice("store", "read", "site/net").stdout != "a\nb\n":  # flushed on a pause
+            assert time.monotonic() < deadline, "the first lines were never flushed"
+            time.sleep(0.05)
+        sluice("store", "seal", "site/net")
+        writer.stdin.write("c\n")
+        writer.stdin.close()
+        err = writer.stderr.read()
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+    assert writer.returncode == 1
+    assert err == (
+        "sluice: error: stream site/net is sealed: it accepts no more writes; of the 3 lines"
+        " read, 2 are known written to site/net and 1 may not have been\n"
+    )
+    assert sluice("store", "read", "site/net").stdout == "a\nb\n"
+
+
+def test_write_refuses_a_bad_routing_key_before_reading_a_line(sluice):
+    sluice("store", "create", "site/net")
+    proc = sluice("store", "write", "site/net", "-k", "k" * 1025, stdin="a\n", ok=False)
+    assert proc.stderr.startswith("sluice: error: invalid routing key 'kkk")
+    assert "line 1" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_create_of_a_stream_that_exists_otherwise_says_how_it_differs(sluice):
+    sluice("store", "create", "a/b")
+    proc = sluice("store", "create", "a/b", "--segments", "4", "--retention-bytes", "100", ok=False)
+    line = (
+        "sluice: error: a/b exists, created with 1 segment and no retention policy, not the"
+        " 4 segments and --retention-bytes 100 asked for (`sluice store scale a/b` splits and"
+        " merges its segments; no command changes a retention policy: create another stream,"
+        " or seal, delete and create a/b again)"
+    )
+    refused(proc, line, exit_code=1)
+    info = json.loads(sluice("store", "info", "a/b").stdout)
+    assert (len(info["segments"]), info["retention"]["max_bytes"]) == (1, None)
+    for asked in ((), ("--segments", "1")):  # as it is: idempotent
+        assert sluice("store", "create", "a/b", *asked).stdout == "exists a/b\n"
+
+
+def test_create_compares_the_segments_a_stream_was_created_with_and_its_whole_policy(sluice):
+    sluice("store", "create", "a/b", "--segments", "2", "--retention-bytes", "1000")
+    sluice("store", "scale", "a/b", "--split", "1")  # 3 active segments now, 2 at creation
+    same = ("--segments", "2", "--retention-bytes", "1000")
+    assert sluice("store", "create", "a/b", *same).stdout == "exists a/b\n"
+    proc = sluice("store", "create", "a/b", "--segments", "3", ok=False)
+    line = (
+        "sluice: error: a/b exists, created with 2 segments, not the 3 segments asked for"
+        " (`sluice store scale a/b` splits and merges its segments)"
+    )
+    refused(proc, line, exit_code=1)
+    for asked in (
+        ("--retention-seconds", "60"),
+        ("--retention-bytes", "1000", "--retention-seconds", "60"),
+    ):
+        proc = sluice("store", "create", "a/b", *asked, ok=False)
+        assert proc.stderr.startswith(
+            "sluice: error: a/b exists, created with a retention policy (at most 1,000 bytes),"
+            f" not the {' '.join(asked)} asked for (no command changes a retention policy"
+        )
+
+
+def test_delete_and_scale_say_what_sealing_means_for_them(sluice):
+    sluice("store", "create", "a/b")
+    proc = sluice("store", "delete", "a/b", ok=False)
+    line = "sluice: error: stream a/b must be sealed before it is deleted (`sluice store seal a/b`)"
+    refused(proc, line, exit_code=1)
+    sluice("store", "seal", "a/b")
+    for how in (("--split", "0"), ("--auto", "events_per_second:1")):
+        proc = sluice("store", "scale", "a/b", *how, ok=False)
+        line = "sluice: error: stream a/b is sealed, so it cannot be scaled: its segments stay"
+        refused(proc, f"{line} as they are", exit_code=1)
+
+
+@pytest.mark.parametrize(
+    ("stream", "line"),
+    [
+        ("../b", "invalid scope name '..': it starts with '.', which a name must not"),
+        ("./b", "invalid scope name '.': it starts with '.', which a name must not"),
+        ("-/b", "invalid scope name '-': it starts with '-', which a name must not"),
+        ("a/.hidden", "invalid stream name '.hidden': it starts with '.', which a name must not"),
+        ("a/x@y", "invalid stream name 'x@y': it contains '@', which is not allowed"),
+    ],
+)
+def test_a_name_refused_says_the_rule_it_breaks(sluice, stream, line):
+    proc = sluice("store", "create", "--", stream, ok=False)
+    rule = "(use 1-255 ASCII letters, digits, '-', '_' or '.', not starting with '.' or '-')"
+    refused(proc, f"sluice: error: {line} {rule}", exit_code=1)
+
+
+def test_a_position_the_store_refuses_is_quoted_with_its_whole_cut(sluice):
+    sluice("store", "create", "a/b")
+    sluice("store", "write", "a/b", stdin="x\ny\n")
+    tail = sluice("store", "cut", "a/b").stdout.strip()
+    bad = tail.rsplit("~", 1)[0] + "~0-1"  # inside the first event
+    boundary = "offset 1 of segment 0 is not an event boundary"
+    for args in (
+        ("read", "a/b", "--from", bad),
+        ("read", "a/b", "--to", bad),
+        ("truncate", "a/b", bad),
+    ):
+        proc = sluice("store", *args, ok=False)
+        assert proc.stderr.startswith(f"sluice: error: invalid stream cut {bad!r}: {boundary}")
+        assert proc.stderr.count("\n") == 1
+
+
+def test_a_cut_naming_a_newer_stream_id_says_it_is_of_another_stream(sluice):
+    sluice("store", "create", "a/b")
+    sluice("store", "create", "a/c")
+    mine = json.loads(sluice("store", "info", "a/b").stdout)["tail"].split("~")[3]
+    other = json.loads(sluice("store", "info", "a/c").stdout)["tail"].split("~")[3]
+    assert int(other) > int(mine)
+    cut = f"v2~a~b~{other}~0-0"
+    proc = sluice("store", "read", "a/b", "--from", cut, ok=False)
+    line = (
+        f"sluice: error: invalid stream cut {cut!r}: it is a cut of another stream (stream id"
+        f" {other}, which is a/c in this store: a cut from another store?), not of a/b, which"
+        f" is stream id {mine}: its positions mean nothing in a/b; take a cut of a/b (head,"
+        " tail, a reader group's) instead"
+    )
+    refused(proc, line, exit_code=1)
+
+
+NOT_WITH = "not allowed with argument"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("read", "a/b", "--follow", "--to", "tail"), f"argument --to: {NOT_WITH} --follow/-f"),
+        (("read", "a/b", "--to", "tail", "-f"), f"argument --follow/-f: {NOT_WITH} --to"),
+        (
+            ("scale", "a/b", "--merge", "3,4", "--parts", "3"),
+            f"argument --parts: {NOT_WITH} --merge",
+        ),
+        (
+            ("scale", "a/b", "--parts", "3", "--auto", "events_per_second:5"),
+            f"argument --parts: {NOT_WITH} --auto",
+        ),
+        (
+            ("scale", "a/b", "--split", "0", "--window", "5"),
+            f"argument --window: {NOT_WITH} --split",
+        ),
+        (
+            ("scale", "a/b", "--merge", "0,1", "--window", "5"),
+            f"argument --window: {NOT_WITH} --merge",
+        ),
+    ],
+)
+def test_options_that_would_be_ignored_together_are_refused(sluice, args, line):
+    sluice("store", "create", "a/b", "--segments", "2")
+    before = sluice("store", "info", "a/b").stdout
+    proc = sluice("store", *args, ok=False)
+    refused(proc, f"sluice store {args[0]}: error: {line}", exit_code=2)
+    assert sluice("store", "info", "a/b").stdout == before
+
+
+def test_scale_options_that_go_together_still_work(sluice):
+    sluice("store", "create", "a/b")
+    out = sluice("store", "scale", "a/b", "--parts", "3", "--split", "0").stdout
+    assert out == "created segments [1, 2, 3]; active segments [1, 2, 3]\n"
+    out = sluice("store", "scale", "a/b", "--auto", "events_per_second:5", "--window", "1").stdout
+    assert out.startswith("created segments ")

@@ -14,6 +14,9 @@ status. `main` runs every command through `run_command`, so one rule holds for a
   it cut short, and leaves that batch to be printed again (`pipeline/jobs/console.py`).
 - **Standard output that fails otherwise** (`> /dev/full`, `>&-`): one line,
   `sluice: error: cannot write standard output: …`, exit 1.
+- **A file or directory this user may not use** (`PermissionError`: a store, a config or an
+  output owned by another user or without the permission; or a read-only file system): one
+  line naming it and what to do, exit 1, not a traceback.
 - **Ctrl-C (SIGINT) and SIGTERM**: the command unwinds as on an error (its `finally` blocks
   and context managers run; the store is crash-safe in any case), then one line,
   `sluice: interrupted by SIGINT`, exit 130 (SIGTERM: 143). Commands that stop more gently
@@ -34,6 +37,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import pwd
 import select
 import signal
 import sys
@@ -90,12 +94,32 @@ def run_command(command: Callable[[], int]) -> int:
             return EXIT_OUTPUT_CLOSED  # (a job whose foreachBatch printed and failed)
         print(f"sluice: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
+        print(f"sluice: error: {access_refused(exc)}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         print(f"sluice: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
     finally:
         held.restore()
+
+
+def access_refused(exc: OSError) -> str:
+    """What a `PermissionError` (or a write to a read-only file system) says to the user."""
+    path = exc.filename if exc.filename is not None else "a file"
+    if exc.errno == errno.EROFS:
+        return f"{path} is on a read-only file system: Sluice must write there"
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a user id with no name (a container's)
+        user = f"user id {os.geteuid()}"
+    return (
+        f"permission denied: {path}: {user}, who runs sluice, may not use it; change its"
+        " permissions (and its directory's), or run sluice as the user that owns it"
+    )
 
 
 def _finished(command: Callable[[], int]) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 from collectors.errors import ConfigError, DriverError
 from collectors.service import create_driver
 from collectors.tabular import BadFile, TableFormat, rows, validate
+from tests.permissions import without_dac_override
 
 from .conftest import REPO, wait_for
 from .test_files import csv_file, files_config, rows_in, settle
@@ -102,17 +102,6 @@ def test_rows_too_large_for_one_event_are_split_and_a_row_too_large_is_refused(
     assert "over the event limit 8388608" in note
 
 
-def _without_dac_override() -> list[str]:
-    """A command prefix that runs as this user without root's power to read any file."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: cannot make a file unreadable")
-    caps = "-dac_override,-dac_read_search"
-    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}"]
-
-
 def test_an_unreadable_file_does_not_hold_up_the_others(write_config, store_dir, dirs):
     a, _ = dirs
     for name, first in (("a.csv", 0), ("b.csv", 10), ("c.csv", 20)):
@@ -126,7 +115,7 @@ def test_an_unreadable_file_does_not_hold_up_the_others(write_config, store_dir,
         "scan_interval_ms": 50,
     }
     config = write_config({"files": table})
-    command = [*_without_dac_override(), sys.executable, "-m", "pipeline.cli"]
+    command = [*without_dac_override(), sys.executable, "-m", "pipeline.cli"]
     process = subprocess.Popen(
         [*command, "collect", "--config", str(config)],
         cwd=REPO,

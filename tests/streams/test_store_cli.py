@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.streams import InvalidArgument, open_store
+from tests.permissions import without_dac_override
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -502,3 +503,35 @@ def test_scale_options_that_go_together_still_work(sluice):
     assert out == "created segments [1, 2, 3]; active segments [1, 2, 3]\n"
     out = sluice("store", "scale", "a/b", "--auto", "events_per_second:5", "--window", "1").stdout
     assert out.startswith("created segments ")
+
+
+def test_store_files_this_user_may_not_use_are_one_line_and_no_half_made_stream(tmp_path):
+    """A segment file it may not open, or a data directory it may not add to: one line that
+    names the path (was a PermissionError traceback), and a `create` that failed leaves no
+    stream behind (a retry said `exists`, with no directory for it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLUICE_STORE": f"embedded:{tmp_path / 's'}"}
+
+    def sluice(*args: str, limited: bool = False) -> subprocess.CompletedProcess:
+        prefix = without_dac_override() if limited else []
+        command = [*prefix, sys.executable, "-m", "pipeline.cli", *args]
+        return subprocess.run(
+            command, input="x\n", capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+
+    assert sluice("store", "create", "g/s").returncode == 0
+    assert sluice("store", "write", "g/s").returncode == 0
+    data = tmp_path / "s" / "data"
+    segment = data / "1" / "0.seg"
+    segment.chmod(0o400)
+    data.chmod(0o500)
+    try:
+        for args, path in ((("store", "read", "g/s"), segment), (("store", "create", "g/t"), data)):
+            proc = sluice(*args, limited=True)
+            assert proc.returncode == 1, proc.stderr
+            assert proc.stderr.startswith(f"sluice: error: permission denied: {path}")
+            assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    finally:
+        data.chmod(0o700)
+        segment.chmod(0o600)
+    assert sluice("store", "create", "g/t").stdout == "created g/t\n"
+    assert sluice("store", "verify").returncode == 0

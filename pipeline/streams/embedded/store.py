@@ -117,7 +117,13 @@ class EmbeddedStore(StreamStore):
                 [(sid, i, i / segments, (i + 1) / segments) for i in range(segments)],
             )
         # after the commit: a crash before it leaves no directory that the catalog lacks
-        self._engine.sync_manifest(StreamRow(sid, scope, name))
+        try:
+            self._engine.sync_manifest(StreamRow(sid, scope, name))
+        except OSError:  # its directory cannot be made (permissions): no half-made stream
+            with self._engine.catalog.write() as db:  # (its id stays used: AUTOINCREMENT)
+                db.execute("DELETE FROM segments WHERE stream_id=?", (sid,))
+                db.execute("DELETE FROM streams WHERE id=?", (sid,))
+            raise
         return True
 
     def list_streams(self, scope: str | None = None) -> list[str]:

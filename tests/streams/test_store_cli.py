@@ -535,3 +535,31 @@ def test_store_files_this_user_may_not_use_are_one_line_and_no_half_made_stream(
         segment.chmod(0o600)
     assert sluice("store", "create", "g/t").stdout == "created g/t\n"
     assert sluice("store", "verify").returncode == 0
+
+
+def test_a_store_that_cannot_be_opened_says_why(sluice, tmp_path):
+    """A store path that is (or is under) a file, and a store whose catalog cannot be written:
+    one line each that says what is in the way (was `[Errno 17] File exists` and `attempt to
+    write a readonly database`, naming no file)."""
+    file = tmp_path / "afile"
+    file.write_text("")
+    for uri in (file, file / "sub"):
+        proc = sluice("--store", f"embedded:{uri}", "store", "create", "a/b", ok=False)
+        assert f"{file} is a file, not a directory: give a store's directory" in proc.stderr
+    sluice("store", "create", "g/s")
+    store = tmp_path / "s"
+    modes = {path: path.stat().st_mode for path in [store, *store.rglob("*")]}
+    for path, mode in modes.items():
+        path.chmod(mode & ~0o222)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SLUICE_STORE": f"embedded:{store}"}
+        command = [*without_dac_override(), sys.executable, "-m", "pipeline.cli"]
+        proc = subprocess.run(
+            [*command, "store", "read", "g/s"], capture_output=True, text=True, env=env, check=False
+        )
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+    assert proc.returncode == 1
+    assert f"its catalog {store / 'catalog.db'} cannot be written" in proc.stderr
+    assert "make its directory and files writable" in proc.stderr

@@ -46,6 +46,25 @@ from pipeline.streams.values import (
 __all__ = ["EmbeddedStore", "key_position"]  # key_position: where benchmarks/store.py finds it
 
 
+def unopenable(root: Path, exc: OSError | sqlite3.Error) -> str:
+    """Why the store in `root` cannot be opened, and what to do, for `StoreUnavailable`."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        file = next((p for p in (root, *root.parents) if p.is_file()), root)
+        return f"{file} is a file, not a directory: give a store's directory"
+    if isinstance(exc, PermissionError):
+        return (
+            f"permission denied: {exc.filename or root}: a store's directory and files must be"
+            " readable and writable by the user that opens it"
+        )
+    if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc):
+        return (
+            f"its catalog {root / 'catalog.db'} cannot be written ({exc}): a store is opened"
+            " to write, even to read it; make its directory and files writable (or copy it"
+            " somewhere writable)"
+        )
+    return str(exc)
+
+
 class EmbeddedStore(StreamStore):
     """A durable, crash-safe, multi-process stream store in a local directory."""
 
@@ -58,7 +77,7 @@ class EmbeddedStore(StreamStore):
         try:
             self._engine = Engine(self.root)
         except (OSError, sqlite3.Error) as exc:
-            raise StoreUnavailable(self.uri, str(exc)) from None
+            raise StoreUnavailable(self.uri, unopenable(self.root, exc)) from None
 
     def close(self) -> None:
         self._engine.close()

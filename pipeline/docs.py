@@ -67,7 +67,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "streams.NAME.models": "names of [models.*] replayed over every slice of the stream",
     "streams.NAME.sensor_columns": "the columns that name one sensor in the exports (the asset "
     "checks' duplicates and gaps are per sensor); sluice.toml's network: RemoteAddr, Interface",
-    "streams.NAME.mirror.store": "the store of the mirror (a name of [stores.*])",
+    "streams.NAME.mirror.store": "the store of the mirror: a name of [stores.*], declared"
+    " there (the default, cloud, too)",
     "streams.NAME.mirror.stream": "SCOPE/STREAM of the mirror",
     "streams.NAME.mirror.routing_key": "one routing key for every mirrored event (one per site)",
     "streams.NAME.bookmark.sensor_by": "what names a sensor: routing_key, or columns (A,B)",
@@ -276,6 +277,9 @@ def toml_settings() -> list[Setting]:
             kind, args = field.type, typing.get_args(field.type)
             inner = next((a for a in args if isinstance(a, type)), None)
             if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+                if field.required:  # a table that must be there ([streams.NAME.mirror])
+                    text = comments.get(field.name) or "—"
+                    settings.append(Setting(key, "table", None, text))
                 walk(kind, f"{key}.")
             elif typing.get_origin(kind) is dict and issubclass(args[1], msgspec.Struct):
                 walk(args[1], f"{key}.NAME.")

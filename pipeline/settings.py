@@ -101,7 +101,7 @@ class StreamTable(_Table, kw_only=True):
     models: tuple[str, ...] = ()
     max_sample_gap_seconds: float = 5.0
     sensor_columns: tuple[str, ...] = ("RemoteAddr",)
-    mirror: MirrorTable
+    mirror: MirrorTable  # where the stream is mirrored: [streams.NAME.mirror], its stream at least
     bookmark: BookmarkTable | None = None
 
 
@@ -296,7 +296,12 @@ def store_uri(
 
 
 def _toml_path(problem: str, prefix: str) -> str:
-    """msgspec says `$.mirror.store` of an entry; say `streams.<name>.mirror.store`."""
+    """msgspec says `$.mirror.store` of an entry; say `streams.<name>.mirror.store`. A missing
+    key (`Object missing required field `mirror``) is said as the key that is required."""
+    missing = re.fullmatch(r"Object missing required field `(\w+)`(?: - at `\$\.?(.*)`)?", problem)
+    if missing:
+        key = ".".join(part for part in (prefix, missing[2], missing[1]) if part)
+        return f"`{key}` is required and missing"
     if not prefix:
         return problem.replace("`$.", "`").replace("[...]", ".<name>").replace("`$`", "the file")
     if " - at `$" not in problem:

@@ -82,6 +82,12 @@ def test_environment_overrides(tmp_path):
         ),
         (("[models.m]", "[models.m]\ncolour = 1"), "unknown field `colour` - at `models.m`"),
         (('embedded = "cloud"', 'uri = "ftp://x"'), "stores.cloud.uri: 'ftp://x' is not a store"),
+        (
+            ('[streams.net.mirror]\nstream = "site/network"\n', ""),
+            "`streams.net.mirror` is required and missing",
+        ),
+        (('stream = "site/network"', 'store = "cloud"'), "`streams.net.mirror.stream` is required"),
+        (('function = "pkg.mod:fn"', "params = {a = 1}"), "`models.m.function` is required"),
     ],
 )
 def test_mistakes_name_the_key(tmp_path, edit, message):
@@ -240,7 +246,7 @@ def test_zero_segments_on_the_command_line_is_a_clear_error(tmp_path, capsys, st
         cli.main(["--store", f"embedded:{store_dir}", "store", "create", "a/b", "--segments", "0"])
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert err.endswith("error: argument --segments: 0: a stream has at least 1 segment\n")
+    assert err.endswith("error: argument --segments: 0: a stream has 1 to 1024 segments\n")
     assert "Traceback" not in err
     assert not store_dir.exists()  # nothing created
 

@@ -62,7 +62,7 @@ class OptionsReader:
         `show_value` is false: a secret is never printed)."""
         setting = self._table.get(key)
         if setting is not None and show_value:
-            problem = f"{setting.origin} = {setting.value!r} {problem}"
+            problem = f"{setting.origin} = {_as_written(setting.value)} {problem}"
         elif setting is not None:
             problem = f"{setting.origin} {problem}"
         else:
@@ -171,3 +171,11 @@ class OptionsReader:
 def from_toml(table: Mapping[str, Any], prefix: str) -> dict[str, Option]:
     """Wrap a TOML table's values with their origin (`prefix.key`)."""
     return {key: Option(value, f"{prefix}.{key}") for key, value in table.items()}
+
+
+def _as_written(value: Any) -> str:
+    """A setting's value as a TOML file spells it where Python's repr does not (`true`, not
+    `True`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)

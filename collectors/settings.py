@@ -120,7 +120,7 @@ def load_settings(
 ) -> CollectorSettings:
     """Read `path` (if given) and `environ`, check everything, return the settings."""
     document = _read_toml(path) if path is not None else {}
-    where = str(path) if path is not None else "collector"
+    where = str(path) if path is not None else "no config file, no environment"
     unknown = sorted(set(document) - {"collector", "instances"})
     if unknown:
         raise ConfigError(
@@ -290,7 +290,8 @@ def _stream(r: OptionsReader) -> str:
     try:
         parse_stream(stream)
     except InvalidName as exc:
-        r.fail("stream", f"is not a valid stream name ({exc.reason})", "use SCOPE/STREAM")
+        hint = "" if "SCOPE/STREAM" in exc.reason else "use SCOPE/STREAM"
+        r.fail("stream", f"is not a valid stream name ({exc.reason})", hint)
     return stream
 
 

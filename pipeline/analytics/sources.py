@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from pipeline.settings import SluiceSettings
 
 #: Names of the views every database has; an export named like one gets `_export` appended.
+#: The fixed views that read every export's files (a query of them meets an export's absence).
+EXPORT_VIEWS = ("samples", "rates", "quarantine", "slice_rows")
 FIXED_VIEWS = (
     "samples",
     "rates",
@@ -191,8 +193,7 @@ class ExportSource:
 
     @property
     def view(self) -> str:
-        view = re.sub(r"[^A-Za-z0-9_]", "_", self.name.replace("/", "_"))
-        return f"{view}_export" if view.lower() in FIXED_VIEWS else view
+        return export_view(self.name)
 
     @property
     def view_names(self) -> frozenset[str]:
@@ -334,3 +335,10 @@ def parse_export_option(text: str) -> ExportSource:
         )
         raise AnalyticsError(msg, reason)
     return ExportSource(stream, directory, stream)
+
+
+def export_view(name: str) -> str:
+    """The view of the export `name`: its name as an SQL identifier (`_export` added when it
+    would be a fixed view's)."""
+    view = re.sub(r"[^A-Za-z0-9_]", "_", name.replace("/", "_"))
+    return f"{view}_export" if view.lower() in FIXED_VIEWS else view

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,7 +126,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         raise AnalyticsError(command, reason)
     with open_database(_paths()) as con:
         columns, rows = run(con, args.sql)
-        empty = [] if rows else _sources_without_files(con)
+        empty = [] if rows else _sources_without_files(con, args.sql)
     if args.json:
         for row in rows:
             print(json.dumps(dict(zip(columns, row, strict=True)), default=str))
@@ -136,9 +137,20 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sources_without_files(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+def _sources_without_files(con: duckdb.DuckDBPyConnection, query: str) -> list[tuple[str, str]]:
+    """The exports with no files yet that `query` reads: through their own views (data and
+    quarantine), or a view of every export's files (`EXPORT_VIEWS`); a query of other views
+    is not about them."""
+    from pipeline.analytics.sources import EXPORT_VIEWS, export_view
+
     sql = "SELECT name, location FROM sources WHERE kind = 'export' AND files = 0"
-    return [(name, location) for name, location in con.execute(sql).fetchall()]
+    words = {word.lower() for word in re.findall(r"\w+", query)}
+    found = []
+    for name, location in con.execute(sql).fetchall():
+        own = export_view(name).lower()
+        if words & {*EXPORT_VIEWS, own, f"{own}_quarantine"}:
+            found.append((name, location))
+    return found
 
 
 def cmd_plot_rates(args: argparse.Namespace) -> int:

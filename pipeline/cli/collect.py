@@ -146,8 +146,8 @@ def _resolve(args: argparse.Namespace) -> int:
     found = [inst for inst in settings.instances if inst.name == args.name]
     if not found:
         names = ", ".join(inst.name for inst in settings.instances) or "none"
-        where = f"instance {args.name}"
-        raise ConfigError(where, "is not configured", f"instances: {names}")
+        where = str(args.config or "the collector config")
+        raise ConfigError(where, f"no instance {args.name}", f"its instances: {names}")
     outcome = resolve(found[0], args.resolve_action, settings.file_modes)
     print("\n".join(outcome.lines))
     return 1 if outcome.unsettled else 0

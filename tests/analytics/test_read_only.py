@@ -292,6 +292,10 @@ def test_when_nothing_is_found_sluice_says_where_it_looked(tmp_path, monkeypatch
     captured = capsys.readouterr()
     assert "(0 rows)" in captured.out
     assert f"note: no exported files of network in {looked}" in captured.err
+    assert cli.main(["sql", "SELECT * FROM lineage WHERE false"]) == 0
+    assert "note:" not in capsys.readouterr().err  # no export is read: nothing to say of them
+    assert cli.main(["sql", "SELECT * FROM network_quarantine"]) == 0
+    assert f"note: no exported files of network in {looked}" in capsys.readouterr().err
     assert cli.main(["plot", "rates", "network"]) == 1
     err = capsys.readouterr().err
     assert f"0 samples exported: a rate needs two. Sluice looked in {looked} (0 files" in err

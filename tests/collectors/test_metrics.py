@@ -284,7 +284,7 @@ def test_the_endpoint_binds_loopback_unless_told(make_config):
         (65536, "metrics_port = 65536 is not a TCP port; use a fixed port from 1 to 65535"),
         (-1, "metrics_port = -1 is not a TCP port; use a fixed port from 1 to 65535"),
         ("http", "metrics_port = 'http' is not a whole number"),
-        (True, "metrics_port = True is not a whole number"),
+        (True, "metrics_port = true is not a whole number"),
         (9464.5, "metrics_port = 9464.5 is not a whole number"),
     ],
 )

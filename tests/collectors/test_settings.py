@@ -132,7 +132,11 @@ def test_environment_overrides_the_same_instance_in_the_file(write_config):
         ),
         (
             {"driver": "generator", "stream": "no-scope"},
-            "instances.x.stream = 'no-scope' is not a valid stream name",
+            "instances.x.stream = 'no-scope' is not a valid stream name (expected SCOPE/STREAM)",
+        ),
+        (  # as the file spells it, not Python's `True`
+            {"driver": "generator", "stream": "a/b", "samples_per_sec": True},
+            "instances.x.samples_per_sec = true is not a number",
         ),
         (
             {"driver": "files", "stream": "a/b", "directories": ["/tmp"], "when_full": "shed"},
@@ -202,6 +206,13 @@ def test_nothing_configured_says_how_to_configure():
         load({})
 
 
+def test_a_stream_name_refused_says_its_rule_once(write_config):
+    path = write_config({"x": {"driver": "generator", "stream": "no-scope"}})
+    with pytest.raises(ConfigError) as refused:
+        load({}, path)
+    assert str(refused.value).count("SCOPE/STREAM") == 1
+
+
 def test_two_instances_cannot_share_a_buffer(write_config):
     path = write_config(
         {
@@ -249,3 +260,16 @@ def test_sluice_collect_reads_reference_variables_and_reports_their_names(tmp_pa
         "instance NET1 (nic): interface (PRAVEGA_SENSOR_COLLECTOR_NET1_NETWORK_INTERFACE) "
         "is required but not set" in line
     )
+
+
+def test_resolve_of_an_instance_not_configured_names_the_file_and_its_instances(
+    write_config, tmp_path
+):
+    path = write_config({"a": {"driver": "generator", "stream": "a/b"}})
+    env = {"SLUICE_HOME": str(tmp_path / "home")}
+    line = _one_error_line(run_cli("collect", "resolve", "nosuch", "--config", str(path), env=env))
+    assert line == f"sluice: error: collector config: {path}: no instance nosuch; its instances: a"
+    empty = tmp_path / "empty"  # no collector.toml here
+    empty.mkdir()
+    nothing = _one_error_line(run_cli("collect", "status", env=env, cwd=empty))
+    assert "collector config: no config file, no environment: no collector instances" in nothing

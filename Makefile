@@ -105,7 +105,7 @@ ui: install java
 	.venv/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # Every benchmark, each writing its section of benchmarks/RESULTS.md (benchmarks/results.py).
-BENCHMARKS := store slices mirror export replay collectors join cluster bytecode
+BENCHMARKS := store read_floor slices mirror export replay collectors join cluster bytecode
 bench: install java
 	for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py --write-results || exit 1; done
 

@@ -245,6 +245,16 @@ def count_commit_syncs(workdir: Path, count: int) -> float:
     return calls["syncs"] / count
 
 
+def plain_read(paths: list[Path]) -> int:
+    """The peer of a bounded read: the files read in 64 KiB `read`s (one event each); bytes."""
+    total = 0
+    for path in paths:
+        with path.open("rb") as fh:
+            while chunk := fh.read(EVENT):
+                total += len(chunk)
+    return total
+
+
 def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, float], int]:
     """Best wall and CPU seconds of the store's and the plain files' reads, taken in turns (a
     machine shared with other work slows both alike); the page cache is warm."""
@@ -274,12 +284,7 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, float], dict[str, 
             )
 
         def plain_file() -> int:
-            total = 0
-            for path in plain:
-                with path.open("rb") as fh:
-                    while chunk := fh.read(EVENT):
-                        total += len(chunk)
-            return total
+            return plain_read(plain)
 
         def floor() -> int:
             """The least a checked read returning each event as bytes does, without any

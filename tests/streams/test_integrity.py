@@ -232,6 +232,30 @@ def test_damage_repair_cannot_fix_is_listed_on_every_run_with_the_cut_past_it(st
         assert past == written[15:]
 
 
+def test_a_deleted_segment_file_is_reported_missing_and_no_read_makes_it_again(store_dir):
+    """A read of a segment whose file was deleted stops with `Corrupted` and leaves no file
+    (it used to make an empty one, so that verify then said "ends at 0", not "missing");
+    verify and repair say it is missing, and repair lets the stream take writes again."""
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("d/gone")
+        write_blocks(store, "d/gone", blocks=2)
+        tail = store.info("d/gone").segments[0].tail
+    path = segment_path(store_dir, "d/gone", 0)
+    path.unlink()
+    with open_store(f"embedded:{store_dir}") as store:
+        with pytest.raises(Corrupted, match="the segment file is missing"):
+            list(store.read("d/gone"))
+        assert not path.exists()
+        problems = store.verify("d/gone").problems
+        assert [p.what for p in problems] == ["the segment file is missing"]
+        report = store.repair("d/gone")
+        lost = f"the segment file was missing: 10 events in 2 blocks from 0 to {tail} are lost"
+        assert [p.what for p in report.unfixed] == [lost]
+        with store.writer("d/gone") as w:
+            w.write(b"again", routing_key="k")
+        assert payloads(store.read("d/gone")) == [b"again"]
+
+
 def lose_index_rows(store_dir: Path, after: int) -> None:
     conn = sqlite3.connect(store_dir / "catalog.db")
     conn.execute("DELETE FROM blocks WHERE offset >= ?", (after,))
@@ -488,7 +512,7 @@ def test_a_version_1_store_is_adopted_and_can_then_lose_its_catalog(store_dir):
         assert payloads(store.read("v1/s")) == written
         assert store.verify().ok
     assert (store_dir / "store.json").exists()
-    assert segment_path(store_dir, "v1/s", 0).exists(), "every stream got its manifest"
+    segment_path(store_dir, "v1/s", 0)  # found through its manifest: every stream got one
     for path in store_dir.glob("catalog.db*"):
         path.unlink()
     with open_store(f"embedded:{store_dir}") as store:

@@ -300,8 +300,11 @@ class Engine(BlockIndex):
         head = self.segment_head(row, segment)
         if bad.offset < head:
             return Truncated(row.qualified, segment, bad.offset, head)
-        self.mark_damaged(row, segment, bad.offset, bad.problem)
-        return Corrupted(row.qualified, segment, bad.offset, bad.problem)
+        problem = bad.problem
+        if not self.segment_file(row, segment).path.exists():
+            problem = "the segment file is missing"
+        self.mark_damaged(row, segment, bad.offset, problem)
+        return Corrupted(row.qualified, segment, bad.offset, problem)
 
     # --- cuts ---------------------------------------------------------------------------
     def check_cut(self, row: StreamRow, cut: StreamCut | str) -> StreamCut:

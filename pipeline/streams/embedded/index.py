@@ -110,6 +110,10 @@ class BlockIndex:
                 index=True,
             )
             problem = f"the segment file ends at {size}, before the end of its index ({start})"
+            if not segfile.path.exists():
+                problem = (
+                    f"the segment file is missing ({segfile.path.name}; its index ends at {start})"
+                )
             self.mark_damaged(row, segment, lost[0] if lost else size, problem)
             return start
         headers, end = segfile.scan(start)

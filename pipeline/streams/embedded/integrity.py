@@ -239,8 +239,9 @@ def repair_segment(engine: Engine, row: StreamRow, segment: int, tally: Tally) -
     tally.segments += 1
     segfile = engine.segment_file(row, segment)
     before = len(tally.problems)
+    missing = not segfile.path.exists()  # (locking it makes an empty one)
     with segfile.locked():
-        drop_lost_rows(engine, row, segment, size=segfile.size(), tally=tally)
+        drop_lost_rows(engine, row, segment, size=segfile.size(), tally=tally, missing=missing)
         start = head_block(engine, row, segment)
         survey = segfile.survey(start)
         rows = engine.blocks(row, segment, start, END)
@@ -297,7 +298,7 @@ def read_past(engine: Engine, row: StreamRow, segment: int, offset: int) -> str:
 
 
 def drop_lost_rows(
-    engine: Engine, row: StreamRow, segment: int, *, size: int, tally: Tally
+    engine: Engine, row: StreamRow, segment: int, *, size: int, tally: Tally, missing: bool
 ) -> None:
     """Remove the index rows of blocks the file no longer holds (it is shorter than its
     index); the head, and reader group positions, past the new end move back to it."""
@@ -309,8 +310,9 @@ def drop_lost_rows(
     readable = [b for b in lost if b.end > head]
     if readable:
         events = sum(b.events for b in readable)
+        gone = "the segment file was missing" if missing else f"the segment file ends at {size}"
         what = (
-            f"the segment file ends at {size}: {counted(events, 'event')} in"
+            f"{gone}: {counted(events, 'event')} in"
             f" {counted(len(readable), 'block')} from"
             f" {max(readable[0].offset, head)} to {readable[-1].end} are lost"
         )

@@ -78,22 +78,23 @@ class SegmentFile:
         self._thread_lock = threading.Lock()  # held by an appender, for as long as it appends
 
     @contextmanager
-    def opened(self) -> Iterator[int]:
-        """The open descriptor, kept open until the block ends (opened if it is not)."""
-        fd = self._hold()
+    def opened(self, create: bool = True) -> Iterator[int]:
+        """The open descriptor, kept open until the block ends (opened if it is not; the file
+        created unless `create` is false: then `FileNotFoundError`)."""
+        fd = self._hold(create)
         try:
             yield fd
         finally:
             self._let_go()
 
-    def _hold(self) -> int:
+    def _hold(self, create: bool = True) -> int:
         """The open descriptor, one more use in flight (`_let_go` ends it): a `with` costs
         more than a small read, so the reads use these two directly."""
         with self._state:
             if self._refusal is not None:
                 raise self._refusal
             if self._fd is None:
-                self._fd = self._open()
+                self._fd = self._open(create)
             self._users += 1
             return self._fd
 
@@ -109,7 +110,9 @@ class SegmentFile:
         with self.opened() as fd:
             return fd
 
-    def _open(self) -> int:
+    def _open(self, create: bool) -> int:
+        if not create:  # a read: a file that is not there is not made (`FileNotFoundError`)
+            return os.open(self.path, os.O_RDWR)
         existed = self.path.exists()
         with out_of_space(self.path):
             self.path.parent.mkdir(mode=self.modes.directory, parents=True, exist_ok=True)
@@ -166,19 +169,31 @@ class SegmentFile:
             self._thread_lock.release()
 
     def size(self) -> int:
-        with self.opened() as fd:
-            return os.fstat(fd).st_size
+        """The file's size; 0 if there is no file (none is made)."""
+        try:
+            with self.opened(create=False) as fd:
+                return os.fstat(fd).st_size
+        except FileNotFoundError:
+            return 0
 
     def pread(self, length: int, offset: int) -> bytes:
-        fd = self._hold()
+        """Up to `length` bytes from `offset` (none if there is no file: reads make none)."""
+        try:
+            fd = self._hold(create=False)
+        except FileNotFoundError:
+            return b""
         try:
             return os.pread(fd, length, offset)
         finally:
             self._let_go()
 
     def read_into(self, buffer: memoryview, offset: int) -> int:
-        """Read into `buffer` from `offset`; the number of bytes read."""
-        fd = self._hold()
+        """Read into `buffer` from `offset`; the number of bytes read (0 if there is no
+        file: reads make none)."""
+        try:
+            fd = self._hold(create=False)
+        except FileNotFoundError:
+            return 0
         try:
             return os.preadv(fd, [buffer], offset)
         finally:

@@ -211,6 +211,10 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(
             str(path), "file not found", "pass --config with an existing file"
         ) from None
+    except IsADirectoryError:
+        raise ConfigError(
+            str(path), "is a directory, not a configuration file", "pass --config FILE.toml"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), f"not valid TOML: {exc}") from None
 

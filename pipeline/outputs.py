@@ -60,6 +60,9 @@ def check_writable(path: Path, what: str = "output directory", *, file: bool = F
         raise OutputNotWritable(what, str(path), f"{where} is {kind}, not a directory", hint)
     try:
         _probe(existing)
+    except FileNotFoundError:  # an existing directory that takes no files (/proc, /sys)
+        problem = f"{existing} takes no new files (a virtual filesystem such as /proc?)"
+        raise OutputNotWritable(what, str(path), problem, _not_writable_hint(what)) from None
     except OSError as exc:
         refused = _REFUSED.get(exc.errno or 0)
         if refused is None:

@@ -9,6 +9,7 @@ import errno
 import os
 import pickle
 import re
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -123,3 +124,9 @@ def test_plot_refuses_an_output_under_a_file_before_any_query(afile, capsys):
     said = capsys.readouterr().err.splitlines()
     assert said == [f"sluice: error: output file {output}: {afile} is a regular file, not a "
                     "directory; choose another output file, or move that file away"]  # fmt: skip
+
+
+def test_a_directory_that_takes_no_files_is_named():
+    """/proc exists but takes no new file (the probe met ENOENT, and the job a traceback)."""
+    with pytest.raises(OutputNotWritable, match=re.escape("/proc takes no new files")):
+        check_writable(Path("/proc/sluice-output"))

@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.cli.options import slices_stream_option
+from pipeline.cli.options import slices_stream_option, whole_number
 from pipeline.cli.progress import Progress, Task
 from pipeline.config import under_home
 from pipeline.errors import SluiceError, sigterm_interrupts
@@ -35,7 +35,7 @@ from pipeline.jobs.bookmark import (
     check_conditions,
     conditions_of,
 )
-from pipeline.jobs.console import MAX_CHARS, ConsoleSpec, console
+from pipeline.jobs.console import MAX_CHARS, MIN_CHARS, ConsoleSpec, console
 from pipeline.jobs.export import DEFAULT_FORMATS, MAX_ROWS_PER_FILE, ExportSpec, export
 from pipeline.jobs.in_process import IN_PROCESS_BYTES, IN_PROCESS_ENV
 from pipeline.jobs.mirror import MirrorSpec, mirror
@@ -328,12 +328,17 @@ def _run_export(args: argparse.Namespace) -> int:
 def _add_console(jobs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = jobs.add_parser("console", parents=[common], help="print a stream's events")
     p.add_argument("--stream", required=True, help=STREAM_HELP)
-    p.add_argument("--max-chars", type=int, default=MAX_CHARS, help="payload characters shown")
+    p.add_argument(
+        "--max-chars",
+        type=whole_number(MIN_CHARS, f"show at least {MIN_CHARS} characters of a payload"),
+        default=MAX_CHARS,
+        help=f"payload characters shown ({MIN_CHARS} or more; default {MAX_CHARS})",
+    )
     p.set_defaults(func=_run_console, spec_of=console_spec)
 
 
 def console_spec(args: argparse.Namespace) -> ConsoleSpec:
-    return ConsoleSpec(args.stream, store_uri(args), max_chars=max(20, args.max_chars))
+    return ConsoleSpec(args.stream, store_uri(args), max_chars=args.max_chars)
 
 
 def _run_console(args: argparse.Namespace) -> int:

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter
 
 MAX_CHARS = 200
+#: The fewest payload characters `--max-chars` may show (a shorter cut says nothing).
+MIN_CHARS = 20
 #: Why the query stops when the output's reader went away (`StopRequest`'s log line).
 OUTPUT_CLOSED = "the reader of standard output went away"
 

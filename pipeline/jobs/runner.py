@@ -37,9 +37,16 @@ from pipeline.jobs.stopping import StopGate, StopRequest
 from pipeline.jobs.truncation import truncated_reason, truncation_of
 from pipeline.outputs import OutputNotWritable
 from pipeline.spark.errors import OptionError
-from pipeline.spark.options import cut_option
+from pipeline.spark.options import SOURCE, cut_option
 from pipeline.spark.session import default_parallelism
-from pipeline.streams import StreamCut, StreamStoreError, Truncated, open_store, parse_stream
+from pipeline.streams import (
+    InvalidCut,
+    StreamCut,
+    StreamStoreError,
+    Truncated,
+    open_store,
+    parse_stream,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -291,14 +298,27 @@ def run_query(
 
 def check_start(job: str, run: RunOptions, sources: Sequence[JobSource]) -> None:
     """Refuse a `--from` that is no cut of each source's stream (`head` and `tail` always
-    do), with the message the `sluice` source would give once Spark had started. Checked on
-    every run, not only a checkpoint's first, where it counts: a service's command line that
-    would fail on a new checkpoint fails at once."""
+    do), nor of that very stream (its id another's: the store's `StaleCut`), with the message
+    the `sluice` source would give once Spark had started. Checked on every run, not only a
+    checkpoint's first, where it counts: a service's command line that would fail on a new
+    checkpoint fails at once, and a cut refused is never recorded as a checkpoint's start
+    (every later run failed on it)."""
     for source in sources:
         try:
-            cut_option(source.stream, run.starting, "startingCut")
+            cut = cut_option(source.stream, run.starting, "startingCut")
+            if cut is not None:
+                with open_store(source.store, must_exist=True) as opened:
+                    check_same(cut, opened.head(source.stream), run.starting)
         except OptionError as exc:
             raise JobFailed(job, str(exc)) from exc
+
+
+def check_same(cut: StreamCut, head: StreamCut, text: str) -> None:
+    """`OptionError` (as the source says it) when `cut` is of another stream than `head`'s."""
+    try:
+        cut.check_same_stream(head)
+    except InvalidCut as exc:
+        raise OptionError(SOURCE, "startingCut", text, f"{exc} (or use head / tail)") from None
 
 
 def caught_up(

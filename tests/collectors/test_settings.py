@@ -273,3 +273,11 @@ def test_resolve_of_an_instance_not_configured_names_the_file_and_its_instances(
     empty.mkdir()
     nothing = _one_error_line(run_cli("collect", "status", env=env, cwd=empty))
     assert "collector config: no config file, no environment: no collector instances" in nothing
+
+
+def test_a_config_that_is_a_directory_is_one_line(tmp_path):
+    line = _one_error_line(run_cli("collect", "--config", str(tmp_path)))
+    assert line == (
+        f"sluice: error: collector config: {tmp_path}: is a directory, not a configuration"
+        " file; pass --config FILE.toml"
+    )

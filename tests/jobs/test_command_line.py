@@ -188,3 +188,12 @@ def test_what_a_batch_would_refuse_is_refused_before_spark_starts(
     code = cli.main(["--store", f"embedded:{store_dir}", "run", *argv])
     said = capsys.readouterr().err.splitlines()  # the progress lines, then the error
     assert (code, said[-1]) == (1, f"sluice: error: {message}")
+
+
+@pytest.mark.parametrize("chars", ["5", "0", "-1"])
+def test_console_max_chars_below_its_least_is_refused_not_raised(chars, capsys):
+    """`--max-chars` below 20 became 20 without a word; it is refused as a usage error."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["run", "console", "--stream", "a/b", "--max-chars", chars])
+    assert ended.value.code == 2
+    assert "argument --max-chars" in capsys.readouterr().err

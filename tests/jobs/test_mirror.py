@@ -202,3 +202,26 @@ def test_a_truncated_source_fails_the_job_with_the_stores_message(spark, edge, s
     spec = MirrorSpec("edge/network", "cloud/t", uri, uri)
     with pytest.raises(JobFailed, match="was truncated at offset"):
         mirror(spark, spec, RunOptions(starting=start.text, checkpoint=tmp_path / "ck"))
+
+
+@pytest.mark.parametrize("job", ["mirror", "console"])
+def test_a_from_cut_of_another_stream_id_is_refused_before_spark_and_leaves_no_checkpoint(
+    store, store_dir, tmp_path, capsys, job
+):
+    """A `--from` cut whose stream id is not the stream's was refused inside Spark, after the
+    run had recorded it as the checkpoint's start: every later run failed on it, `--from head`
+    too. It is one line before Spark starts, and nothing is recorded."""
+    store.create_stream("a/b")
+    with store.writer("a/b") as writer:
+        writer.write(b"x")
+    checkpoint = tmp_path / "checkpoint"
+    extra = ["--to", "c/d"] if job == "mirror" else []
+    argv = ["--store", f"embedded:{store_dir}", "run", job, "--stream", "a/b", *extra]
+    code = cli.main([*argv, "--from", "v2~a~b~99~0-0", "--checkpoint", str(checkpoint)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"{job} job failed: sluice option startingCut ('v2~a~b~99~0-0')" in err
+    assert "it is a cut of another stream (stream id 99), not of a/b" in err
+    assert sum(line.startswith("sluice: error:") for line in err.splitlines()) == 1, err
+    assert "Traceback" not in err and "ERROR" not in err  # (Spark's log) never started
+    assert not (checkpoint / "start_cut").exists()

@@ -37,7 +37,7 @@ from pipeline.jobs.stopping import StopGate, StopRequest
 from pipeline.jobs.truncation import truncated_reason, truncation_of
 from pipeline.outputs import OutputNotWritable
 from pipeline.spark.errors import OptionError
-from pipeline.spark.options import SOURCE, cut_option
+from pipeline.spark.options import SOURCE, cut_option, resolve_cut
 from pipeline.spark.session import default_parallelism
 from pipeline.streams import (
     InvalidCut,
@@ -305,20 +305,15 @@ def check_start(job: str, run: RunOptions, sources: Sequence[JobSource]) -> None
     (every later run failed on it)."""
     for source in sources:
         try:
-            cut = cut_option(source.stream, run.starting, "startingCut")
-            if cut is not None:
-                with open_store(source.store, must_exist=True) as opened:
-                    check_same(cut, opened.head(source.stream), run.starting)
+            if cut_option(source.stream, run.starting, "startingCut") is None:
+                continue  # head or tail: of every stream
+            with open_store(source.store, must_exist=True) as opened:
+                resolve_cut(opened, source.stream, run.starting, "startingCut")
         except OptionError as exc:
             raise JobFailed(job, str(exc)) from exc
-
-
-def check_same(cut: StreamCut, head: StreamCut, text: str) -> None:
-    """`OptionError` (as the source says it) when `cut` is of another stream than `head`'s."""
-    try:
-        cut.check_same_stream(head)
-    except InvalidCut as exc:
-        raise OptionError(SOURCE, "startingCut", text, f"{exc} (or use head / tail)") from None
+        except InvalidCut as exc:  # of another stream of its name, or id (`StaleCut`)
+            said = OptionError(SOURCE, "startingCut", run.starting, f"{exc} (or use head / tail)")
+            raise JobFailed(job, str(said)) from exc
 
 
 def caught_up(

@@ -121,6 +121,15 @@ def cut_option(stream: str, text: str, option: str) -> StreamCut | None:
         raise OptionError(SOURCE, option, text, f"{exc} (or use head / tail)") from None
 
 
+def resolve_cut(store: StreamStore, stream: str, text: str, option: str) -> StreamCut:
+    """`head`, `tail` or a cut's text, as a cut of `stream` (pyspark-free: a job checks
+    `--from` with it before Spark starts, as the source reads it)."""
+    cut = cut_option(stream, text, option)
+    if cut is not None:  # of this very stream, not of an earlier one of its name (`StaleCut`)
+        return cut.check_same_stream(store.head(stream))
+    return store.head(stream) if text.lower() == "head" else store.tail(stream)
+
+
 def _batch_id(source: str, options: Mapping[str, str]) -> int | None:
     batch = _get(options, "batchId")
     if batch is not None and not batch.isdigit():

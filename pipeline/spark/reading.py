@@ -29,7 +29,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pipeline.spark.errors import OptionError
-from pipeline.spark.options import SOURCE, SourceOptions, cut_option, source_store
+from pipeline.spark.options import SOURCE, SourceOptions, resolve_cut, source_store
 from pipeline.streams import (
     EventBatch,
     StreamCut,
@@ -83,14 +83,6 @@ def offset_of(cut: StreamCut) -> dict:
 def cut_of(offset: dict, stream: str) -> StreamCut:
     scope, name = parse_stream(stream)
     return StreamCut.parse(offset["cut"]).check_stream(scope, name)
-
-
-def resolve_cut(store: StreamStore, stream: str, text: str, option: str) -> StreamCut:
-    """`head`, `tail` or a cut's text, as a cut of `stream`."""
-    cut = cut_option(stream, text, option)
-    if cut is not None:  # of this very stream, not of an earlier one of its name (`StaleCut`)
-        return cut.check_same_stream(store.head(stream))
-    return store.head(stream) if text.lower() == "head" else store.tail(stream)
 
 
 def plan_ranges(

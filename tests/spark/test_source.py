@@ -190,7 +190,7 @@ def test_bad_options_are_clear_errors(store, store_uri, source):
     with pytest.raises(OptionError, match="positive whole number"):
         SourceOptions.parse({"stream": source, "maxEventsPerTrigger": "-3"})
     other = StreamCut.of("test", "other", {0: 0}).text
-    from pipeline.spark.reading import resolve_cut
+    from pipeline.spark.options import resolve_cut
 
     with pytest.raises(OptionError, match=re.escape("not of test/source")):
         resolve_cut(store, source, other, "startingCut")

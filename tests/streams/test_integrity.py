@@ -335,20 +335,30 @@ def test_a_stream_created_over_a_lost_catalog_never_reads_old_events(store_dir):
     assert (store_dir / "data" / "1" / "0.seg").exists()
 
 
-def test_an_older_catalog_copy_is_refused(store_dir, tmp_path):
-    with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream("c/first")
-    saved = tmp_path / "saved"
+def copy_catalog(store_dir: Path, saved: Path) -> Path:
+    """A copy of the store's catalog (with its WAL), as a backup would keep it."""
     saved.mkdir()
     for path in store_dir.glob("catalog.db*"):
         shutil.copy(path, saved / path.name)
-    with open_store(f"embedded:{store_dir}") as store:
-        store.create_stream("c/second")
-        write_blocks(store, "c/second", blocks=1)
+    return saved
+
+
+def restore_catalog(store_dir: Path, saved: Path) -> None:
+    """The catalog copied back over the store's, as restoring a backup does."""
     for path in store_dir.glob("catalog.db*"):
         path.unlink()
     for path in saved.iterdir():
         shutil.copy(path, store_dir / path.name)
+
+
+def test_an_older_catalog_copy_is_refused(store_dir, tmp_path):
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("c/first")
+    saved = copy_catalog(store_dir, tmp_path / "saved")
+    with open_store(f"embedded:{store_dir}") as store:
+        store.create_stream("c/second")
+        write_blocks(store, "c/second", blocks=1)
+    restore_catalog(store_dir, saved)
     with open_store(f"embedded:{store_dir}") as store:
         with pytest.raises(CatalogMismatch, match="c/second"):
             store.list_streams()
@@ -363,17 +373,11 @@ def test_a_catalog_restored_from_before_a_scale_is_refused_and_repair_finds_the_
     with open_store(f"embedded:{store_dir}") as store:
         store.create_stream("c/scaled")
         before = write_blocks(store, "c/scaled", blocks=2)
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    for path in store_dir.glob("catalog.db*"):
-        shutil.copy(path, saved / path.name)
+    saved = copy_catalog(store_dir, tmp_path / "saved")
     with open_store(f"embedded:{store_dir}") as store:
         store.split_segment("c/scaled", 0, 2)
         after = write_blocks(store, "c/scaled", blocks=2, key="k")
-    for path in store_dir.glob("catalog.db*"):
-        path.unlink()
-    for path in saved.iterdir():
-        shutil.copy(path, store_dir / path.name)
+    restore_catalog(store_dir, saved)
     with open_store(f"embedded:{store_dir}") as store:
         with pytest.raises(CatalogMismatch, match="segments the catalog does not know"):
             list(store.read("c/scaled"))

@@ -109,25 +109,23 @@ def _unknown_segments(catalog: Catalog, written: dict[int, list[int]]) -> list[s
 
     The files are listed before the catalog is read: a segment is committed (and so known)
     before its file is first written."""
+    names: dict[int, str] = {}
+    known: set[tuple[int, int]] = set()
+    for stream_id, name, segment in catalog.query(
+        "SELECT s.id, s.scope || '/' || s.name, g.segment FROM streams s"
+        " JOIN segments g ON g.stream_id = s.id WHERE s.deleted = 0",
+        unchecked=True,
+    ):
+        names[stream_id] = name
+        known.add((stream_id, segment))
     unknown = []
     for stream_id, segments in sorted(written.items()):
-        row = catalog.query_one(
-            "SELECT scope || '/' || name FROM streams WHERE id=? AND deleted=0",
-            (stream_id,),
-            unchecked=True,
-        )
-        if row is None:
-            continue  # unknown streams are `_unknown_streams`' to find; deleted ones are gone
-        known = {
-            seg
-            for (seg,) in catalog.query(
-                "SELECT segment FROM segments WHERE stream_id=?", (stream_id,), unchecked=True
-            )
-        }
-        missing = sorted(set(segments) - known)
-        if missing:
+        # unknown streams are `_unknown_streams`' to find; deleted ones are gone
+        missing = sorted(seg for seg in segments if (stream_id, seg) not in known)
+        if stream_id in names and missing:
             listed = ", ".join(map(str, missing))
-            unknown.append(f"{row[0]} {'segment' if len(missing) == 1 else 'segments'} {listed}")
+            word = "segment" if len(missing) == 1 else "segments"
+            unknown.append(f"{names[stream_id]} {word} {listed}")
     return unknown
 
 

@@ -28,10 +28,17 @@ def open_at(root: str, moment: float) -> str | None:
 def test_a_new_store_opened_by_several_processes_at_once_opens_in_each(tmp_path):
     context = multiprocessing.get_context("fork")
     failures = []
-    with context.Pool(OPENERS) as pool:
+    pool = context.Pool(OPENERS)
+    try:
         for attempt in range(30):
             root = tmp_path / f"store-{attempt}"
             moment = time.time() + 0.05
             failures += pool.starmap(open_at, [(str(root), moment)] * OPENERS)
             assert Path(root, "catalog.db").exists()
+    finally:
+        # Ended, not terminated: the forked workers inherit this test process's signal
+        # handlers, and a SIGTERM handler another test left behind kept one from ending on
+        # `terminate`, which then waited for it for ever.
+        pool.close()
+        pool.join()
     assert [f for f in failures if f] == []
